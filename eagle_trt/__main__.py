@@ -1,0 +1,3 @@
+from eagle_trt.cli.app import main
+
+main()
