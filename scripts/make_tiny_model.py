@@ -1,0 +1,83 @@
+"""Write a tiny random Llama (HF format: safetensors + byte-level tokenizer) for tests and debugging.
+
+    python scripts/make_tiny_model.py --output /tmp/tiny-llama
+    eagle-trt convert /tmp/tiny-llama --output /tmp/tiny-ckpt --steps 0
+
+Nothing is downloaded: the config is inline, the weights are random (seeded), and the tokenizer is
+a 256-symbol byte-level BPE with no merges plus four special tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+TINY_CONFIG = dict(
+    vocab_size=260,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    bos_token_id=256,
+    eos_token_id=257,
+    pad_token_id=258,
+)
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def make_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_vocab = {ch: i for i, ch in enumerate(pre_tokenizers.ByteLevel.alphabet())}
+    byte_vocab = {ch: i for i, ch in enumerate(sorted(byte_vocab))}
+    tok = Tokenizer(models.BPE(vocab=byte_vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
+    fast.add_special_tokens(
+        {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def make_tiny_model(output: str | Path, seed: int = 0, init_std: float = 0.08, **overrides) -> Path:
+    """Create the model dir and return its path. `overrides` change TINY_CONFIG fields."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    cfg = LlamaConfig(**{**TINY_CONFIG, **overrides}, initializer_range=init_std)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).float().eval()
+    model.save_pretrained(output, safe_serialization=True)
+    tok = make_tokenizer()
+    assert len(tok) == cfg.vocab_size, (len(tok), cfg.vocab_size)
+    tok.save_pretrained(output)
+    return output
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--output", required=True, help="directory to write")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init-std", type=float, default=0.08, help="weight init std (larger = peakier logits)")
+    args = ap.parse_args()
+    path = make_tiny_model(args.output, seed=args.seed, init_std=args.init_std)
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
