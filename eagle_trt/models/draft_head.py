@@ -1,0 +1,132 @@
+"""EAGLE-3 draft head: one decoder layer over [embedding(token) ; fused target features].
+
+Reads both layouts in use:
+- modelopt's export (`layers.0.*`, `fc`, `norm`, optional `lm_head`, `d2t`). Its first layer norms the
+  hidden input twice (the decoder layer's `input_layernorm`, then `hidden_norm` in the attention
+  pre-hook), so we reproduce that to match what modelopt trained.
+- the official SafeAILab release (`midlayer.*`): `hidden_norm` only.
+
+Data flow for draft position t: input = (f_t, token_{t+1}); f_t is fc(concat of the target's aux layer
+outputs at t), or, while drafting past the verified prefix, the draft's own pre-norm output from the step
+before. The output predicts token_{t+2}.
+
+    head = Eagle3DraftHead.load("engines/x/draft", target)
+    logits, hidden = head.forward(head.fuse(aux), tokens, positions, cache, start=0)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from eagle_trt.errors import CheckpointError
+from eagle_trt.models.kv_cache import KVCache
+from eagle_trt.models.layers import Rope, attention, rms_norm, swiglu_mlp
+from eagle_trt.models.spec import DraftSpec
+from eagle_trt.models.weights import load_safetensors, read_json, take
+
+
+class Eagle3DraftHead:
+    def __init__(self, spec: DraftSpec, w: dict, target, dtype, hidden_prenorm: bool, source):
+        s, hd, hidden = spec, spec.head_dim, spec.hidden_size
+        if hidden != target.spec.hidden_size:
+            raise CheckpointError(
+                f"{source}: draft hidden_size {hidden} does not match the target's hidden_size "
+                f"{target.spec.hidden_size}; convert the head for this target"
+            )
+        q_out, kv_out = s.num_heads * hd, s.num_kv_heads * hd
+        n_aux = len(s.aux_layer_ids)
+        self.spec, self.dtype, self.hidden_prenorm = spec, dtype, hidden_prenorm
+        self.fc = take(w, "fc.weight", (hidden, n_aux * hidden), source)
+        self.fc_bias = w.pop("fc.bias", None)
+        p = "layers.0."
+        self.hidden_norm = take(w, p + "hidden_norm.weight", (hidden,), source)
+        self.input_norm = take(w, p + "input_layernorm.weight", (hidden,), source)
+        self.qkv = torch.cat([
+            take(w, p + "self_attn.q_proj.weight", (q_out, 2 * hidden), source),
+            take(w, p + "self_attn.k_proj.weight", (kv_out, 2 * hidden), source),
+            take(w, p + "self_attn.v_proj.weight", (kv_out, 2 * hidden), source),
+        ]).contiguous()
+        self.o = take(w, p + "self_attn.o_proj.weight", (hidden, q_out), source)
+        self.post_norm = take(w, p + "post_attention_layernorm.weight", (hidden,), source)
+        self.gate_up = torch.cat([
+            take(w, p + "mlp.gate_proj.weight", (s.intermediate_size, hidden), source),
+            take(w, p + "mlp.up_proj.weight", (s.intermediate_size, hidden), source),
+        ]).contiguous()
+        self.down = take(w, p + "mlp.down_proj.weight", (hidden, s.intermediate_size), source)
+        self.norm = take(w, "norm.weight", (hidden,), source)
+        if "lm_head.weight" in w:
+            self.lm_head = take(w, "lm_head.weight", (s.draft_vocab_size, hidden), source)
+        elif s.draft_vocab_size == target.spec.vocab_size:
+            self.lm_head = target.lm_head  # modelopt reuses the target's head when the vocab is not reduced
+        else:
+            raise CheckpointError(f"{source}: tensor 'lm_head.weight' is missing (draft vocab is reduced)")
+        self.embed = w.pop("embed_tokens.weight", None)
+        if self.embed is None:
+            self.embed = target.embed  # EAGLE-3 shares the target's embedding table
+        d2t = w.pop("d2t", None)
+        if d2t is not None and tuple(d2t.shape) != (s.draft_vocab_size,):
+            raise CheckpointError(f"{source}: tensor 'd2t' has shape {list(d2t.shape)}, expected [{s.draft_vocab_size}]")
+        # draft id -> target id, as one lookup table.
+        ids = torch.arange(s.draft_vocab_size)
+        self.draft_to_target = ids + d2t.long() if d2t is not None else ids
+        if int(self.draft_to_target.max()) >= target.spec.vocab_size or int(self.draft_to_target.min()) < 0:
+            raise CheckpointError(f"{source}: 'd2t' maps draft ids outside the target vocab ({target.spec.vocab_size})")
+        w.pop("t2d", None)
+        self.rope = Rope(hd, s.rope_theta, s.rope_scaling, target.rope.cos.shape[0], dtype)
+
+    @classmethod
+    def load(cls, draft_dir: str | Path, target, dtype: torch.dtype = torch.float32) -> "Eagle3DraftHead":
+        draft_dir = Path(draft_dir)
+        cfg_path = draft_dir / "config.json"
+        spec = DraftSpec.from_config(read_json(cfg_path), target.spec, str(cfg_path))
+        src = draft_dir / "model.safetensors"
+        w = load_safetensors(src, dtype)
+        official = any(k.startswith("midlayer.") for k in w)
+        if official:
+            w = {k.replace("midlayer.", "layers.0.", 1): t for k, t in w.items()}
+        return cls(spec, w, target, dtype, hidden_prenorm=not official, source=src)
+
+    def new_cache(self, capacity: int, kv_dtype: torch.dtype | None = None) -> KVCache:
+        s = self.spec
+        return KVCache(1, s.num_kv_heads, s.head_dim, capacity, kv_dtype or self.dtype, self.dtype,
+                       device=self.fc.device)
+
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """[T, n_aux * H] target features -> [T, H] draft input."""
+        out = aux @ self.fc.t()
+        return out + self.fc_bias if self.fc_bias is not None else out
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        start: int,
+        mask: torch.Tensor | None = None,
+        last_only: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden: [T, H]; tokens, positions: [T]; K/V written to slots [start, start+T).
+
+        mask: [T, start+T] bool (True = visible) or None when every slot is visible.
+        Returns draft logits [T, draft_vocab] (only the last row with last_only) and the pre-norm
+        output hidden [T, H]."""
+        s = self.spec
+        t = tokens.shape[0]
+        eps = s.rms_norm_eps
+        h_in = rms_norm(hidden, self.input_norm, eps) if self.hidden_prenorm else hidden
+        x = torch.cat([rms_norm(self.embed[tokens], self.input_norm, eps), rms_norm(h_in, self.hidden_norm, eps)], -1)
+        q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        q, k, v = (x @ self.qkv.t()).split((q_out, kv_out, kv_out), dim=-1)
+        q = self.rope.apply(q.view(t, s.num_heads, s.head_dim).transpose(0, 1), positions)
+        k = self.rope.apply(k.view(t, s.num_kv_heads, s.head_dim).transpose(0, 1), positions)
+        v = v.view(t, s.num_kv_heads, s.head_dim).transpose(0, 1)
+        cache.write(0, start, k, v)
+        kc, vc = cache.read(0, start + t)
+        out = hidden + attention(q, kc, vc, mask) @ self.o.t()
+        out = out + swiglu_mlp(rms_norm(out, self.post_norm, eps), self.gate_up, self.down)
+        logits = rms_norm(out[-1:] if last_only else out, self.norm, eps) @ self.lm_head.t()
+        return logits, out

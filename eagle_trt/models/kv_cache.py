@@ -1,0 +1,82 @@
+"""Preallocated KV cache indexed by slot; rejection costs nothing (the length simply does not advance).
+
+Layout per layer: k, v: [L, Hkv, capacity, D]. Slots [0, length) hold committed tokens; a verify pass
+writes the tree after them, and `compact` moves the accepted path's entries down to the front.
+With dtype fp8 the entries are stored as float8_e4m3fn divided by a per-layer scale (K and V apart)
+and scaled back on read.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def resolve_kv_dtype(name: str, compute_dtype: torch.dtype) -> torch.dtype:
+    return {
+        "auto": compute_dtype,
+        "float32": torch.float32,
+        "float16": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "fp8": FP8,
+    }[name]
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        compute_dtype: torch.dtype,
+        k_scales: torch.Tensor | None = None,
+        v_scales: torch.Tensor | None = None,
+        device: torch.device | str = "cpu",
+    ):
+        shape = (num_layers, num_kv_heads, capacity, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.capacity = capacity
+        self.length = 0  # committed slots
+        self.compute_dtype = compute_dtype
+        self.quantized = dtype == FP8
+        ones = torch.ones(num_layers)
+        self.k_scales = (k_scales if k_scales is not None else ones).float().tolist()
+        self.v_scales = (v_scales if v_scales is not None else ones).float().tolist()
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: [Hkv, T, D] written to slots [start, start+T)."""
+        end = start + k.shape[1]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache full: need {end} slots, capacity {self.capacity}")
+        if self.quantized:
+            k = (k.float() / self.k_scales[layer]).clamp(-FP8_MAX, FP8_MAX)
+            v = (v.float() / self.v_scales[layer]).clamp(-FP8_MAX, FP8_MAX)
+        self.k[layer, :, start:end] = k.to(self.k.dtype)
+        self.v[layer, :, start:end] = v.to(self.v.dtype)
+
+    def read(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Entries of slots [0, end) as [Hkv, end, D] in the compute dtype."""
+        k, v = self.k[layer, :, :end], self.v[layer, :, :end]
+        if self.quantized:
+            return (
+                k.to(self.compute_dtype) * self.k_scales[layer],
+                v.to(self.compute_dtype) * self.v_scales[layer],
+            )
+        return k, v
+
+    def compact(self, start: int, keep: torch.Tensor) -> None:
+        """Move slots start+keep[i] to start+i for every layer (keep: [n], ascending tree indices)."""
+        src = start + keep
+        n = keep.numel()
+        # Advanced indexing copies before the write, so overlapping ranges are safe.
+        self.k[:, :, start : start + n] = self.k[:, :, src]
+        self.v[:, :, start : start + n] = self.v[:, :, src]

@@ -1,0 +1,77 @@
+"""Building blocks shared by the target and the draft head: RMSNorm, RoPE, attention, MLP.
+
+Shapes: T = tokens in this forward, S = cache entries visible (prefix + T), H = heads, D = head_dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Same op order as HF's LlamaRMSNorm (variance in fp32, scale after) so fp32 results agree bit for bit
+    # with transformers where it matters for greedy ties.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if not scaling:
+        return inv_freq
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        return inv_freq / float(scaling["factor"])
+    if kind == "llama3":
+        # Llama 3.x: leave high frequencies, divide low ones by `factor`, blend in between.
+        factor = float(scaling["factor"])
+        low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+        old_len = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(is_mid, mid, scaled)
+    raise NotImplementedError(f"rope scaling type {kind!r} is not supported by the torch engine")
+
+
+class Rope:
+    """cos/sin tables for positions [0, max_positions)."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None, max_positions: int, dtype):
+        inv_freq = rope_inv_freq(head_dim, theta, scaling)
+        pos = torch.arange(max_positions, dtype=torch.float32)
+        freqs = torch.outer(pos, inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
+        self.cos = emb.cos().to(dtype)
+        self.sin = emb.sin().to(dtype)
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # x: [H, T, D]; positions: [T]
+        cos, sin = self.cos[positions], self.sin[positions]  # [T, D]
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """q: [H, T, D], k/v: [Hkv, S, D], mask: [T, S] bool (True = visible) or None (all visible).
+
+    Returns [T, H*D]."""
+    h, t, d = q.shape
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, enable_gqa=k.shape[0] != h
+    )
+    return out[0].transpose(0, 1).reshape(t, h * d)
+
+
+def swiglu_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    # gate_up: [2I, H] (gate rows first, then up rows), fused so one GEMM reads both.
+    gu = x @ gate_up.t()
+    gate, up = gu.chunk(2, dim=-1)
+    return (F.silu(gate) * up) @ down.t()

@@ -1,0 +1,144 @@
+"""Lean Llama-family target forward (Llama, SmolLM2, Mistral, Qwen2) for speculative decoding.
+
+One call runs T tokens at explicit positions against the KV cache: the committed prefix is fully
+visible, and the T new tokens see each other through `tree_mask` (causal when it is None). So the same
+function does prefill, plain decoding (T=1) and tree verification (T = tree size).
+
+    target = LlamaTarget.load("engines/x/target", dtype=torch.float32)
+    cache = target.new_cache(capacity=4096)
+    logits, aux = target.forward(ids, positions, cache, tree_mask=None, need_aux=True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eagle_trt.models.kv_cache import KVCache
+from eagle_trt.models.layers import Rope, attention, rms_norm, swiglu_mlp
+from eagle_trt.models.spec import TargetSpec
+from eagle_trt.models.weights import load_safetensors, read_json, take
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # [(H + 2*Hkv) * D, hidden], q rows then k then v
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2I, hidden]
+    down: torch.Tensor
+
+
+class LlamaTarget:
+    def __init__(self, spec: TargetSpec, embed, layers, norm, lm_head, dtype, max_positions: int | None = None):
+        self.spec = spec
+        self.embed = embed
+        self.layers: list[LayerWeights] = layers
+        self.norm = norm
+        self.lm_head = lm_head
+        self.dtype = dtype
+        self.rope = Rope(spec.head_dim, spec.rope_theta, spec.rope_scaling,
+                         max_positions or spec.max_position_embeddings, dtype)
+        self.aux_layer_ids: list[int] = []
+
+    # ---- loading -----------------------------------------------------------------------------
+    @classmethod
+    def load(cls, model_dir: str | Path, dtype: torch.dtype = torch.float32) -> "LlamaTarget":
+        model_dir = Path(model_dir)
+        spec = TargetSpec.from_hf_config(read_json(model_dir / "config.json"), str(model_dir / "config.json"))
+        src = model_dir / "model.safetensors"
+        w = load_safetensors(src, dtype)
+        return cls.from_state_dict(spec, w, dtype, src)
+
+    @classmethod
+    def from_state_dict(cls, spec: TargetSpec, w: dict, dtype, source="state dict") -> "LlamaTarget":
+        s, hd = spec, spec.head_dim
+        q_out, kv_out = s.num_heads * hd, s.num_kv_heads * hd
+        embed = take(w, "model.embed_tokens.weight", (s.vocab_size, s.hidden_size), source)
+        layers = []
+        for i in range(s.num_layers):
+            p = f"model.layers.{i}."
+            q = take(w, p + "self_attn.q_proj.weight", (q_out, s.hidden_size), source)
+            k = take(w, p + "self_attn.k_proj.weight", (kv_out, s.hidden_size), source)
+            v = take(w, p + "self_attn.v_proj.weight", (kv_out, s.hidden_size), source)
+            bias = None
+            if s.attention_bias:
+                bias = torch.cat([take(w, p + f"self_attn.{n}_proj.bias", (o,), source)
+                                  for n, o in (("q", q_out), ("k", kv_out), ("v", kv_out))])
+            gate = take(w, p + "mlp.gate_proj.weight", (s.intermediate_size, s.hidden_size), source)
+            up = take(w, p + "mlp.up_proj.weight", (s.intermediate_size, s.hidden_size), source)
+            layers.append(LayerWeights(
+                input_norm=take(w, p + "input_layernorm.weight", (s.hidden_size,), source),
+                qkv=torch.cat([q, k, v]).contiguous(),
+                qkv_bias=bias,
+                o=take(w, p + "self_attn.o_proj.weight", (s.hidden_size, q_out), source),
+                post_norm=take(w, p + "post_attention_layernorm.weight", (s.hidden_size,), source),
+                gate_up=torch.cat([gate, up]).contiguous(),
+                down=take(w, p + "mlp.down_proj.weight", (s.hidden_size, s.intermediate_size), source),
+            ))
+        norm = take(w, "model.norm.weight", (s.hidden_size,), source)
+        if "lm_head.weight" in w:
+            lm_head = take(w, "lm_head.weight", (s.vocab_size, s.hidden_size), source)
+        else:
+            lm_head = embed  # tied embeddings (SmolLM2)
+        return cls(spec, embed, layers, norm, lm_head, dtype)
+
+    def new_cache(self, capacity: int, kv_dtype: torch.dtype | None = None, k_scales=None, v_scales=None) -> KVCache:
+        s = self.spec
+        return KVCache(s.num_layers, s.num_kv_heads, s.head_dim, capacity, kv_dtype or self.dtype,
+                       self.dtype, k_scales, v_scales, device=self.embed.device)
+
+    # ---- forward -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        tree_mask: torch.Tensor | None = None,
+        need_aux: bool = False,
+        logits_rows: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """tokens, positions: [T]; tree_mask: [T, T] bool (row sees column) or None for causal.
+
+        Writes K/V at slots [cache.length, cache.length + T) without advancing cache.length.
+        Returns logits [T, V] (or only `logits_rows`) and, with need_aux, the EAGLE-3 features
+        [T, len(aux_layer_ids) * hidden]: outputs of the decoder layers in `aux_layer_ids`.
+        """
+        s = self.spec
+        t = tokens.shape[0]
+        start = cache.length
+        end = start + t
+        mask = None
+        if t > 1:
+            # [T, end]: prefix fully visible, new tokens by tree (or causal) mask.
+            local = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool).tril_()
+            mask = torch.cat([torch.ones(t, start, dtype=torch.bool), local], dim=1)
+        q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        aux = []
+        x = self.embed[tokens]  # [T, hidden]
+        for i, lw in enumerate(self.layers):
+            h = rms_norm(x, lw.input_norm, s.rms_norm_eps)
+            qkv = h @ lw.qkv.t()
+            if lw.qkv_bias is not None:
+                qkv = qkv + lw.qkv_bias
+            q, k, v = qkv.split((q_out, kv_out, kv_out), dim=-1)
+            q = self.rope.apply(q.view(t, s.num_heads, s.head_dim).transpose(0, 1), positions)
+            k = self.rope.apply(k.view(t, s.num_kv_heads, s.head_dim).transpose(0, 1), positions)
+            v = v.view(t, s.num_kv_heads, s.head_dim).transpose(0, 1)
+            cache.write(i, start, k, v)
+            kc, vc = cache.read(i, end)
+            x = x + attention(q, kc, vc, mask) @ lw.o.t()
+            x = x + swiglu_mlp(rms_norm(x, lw.post_norm, s.rms_norm_eps), lw.gate_up, lw.down)
+            if need_aux and i in self.aux_layer_ids:
+                aux.append(x)
+        x = rms_norm(x if logits_rows is None else x[logits_rows], self.norm, s.rms_norm_eps)
+        logits = x @ self.lm_head.t()
+        if not need_aux:
+            return logits, None
+        # Order follows aux_layer_ids (ascending, as modelopt concatenates them).
+        return logits, torch.cat(aux, dim=-1)

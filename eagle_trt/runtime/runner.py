@@ -1,0 +1,177 @@
+"""The decode loop: prefill, then draft -> tree -> verify -> accept -> commit KV, until a stop.
+
+    runner = Runner(target, head, capacity=4096)
+    result = runner.generate(prompt_ids, DecodeOptions(max_new_tokens=64))
+    result.token_ids, result.metrics.acceptance_length
+
+Greedy acceptance makes the output token-identical to plain greedy decoding (`mode="ar"`): every
+committed token is the target's own argmax given the tokens before it; the draft only decides how many
+of them one target forward can confirm.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+import torch
+
+from eagle_trt.errors import InputError
+from eagle_trt.models.draft_head import Eagle3DraftHead
+from eagle_trt.models.llama import LlamaTarget
+from eagle_trt.runtime.drafter import Drafter
+from eagle_trt.runtime.metrics import GenerationMetrics, StepRecord
+from eagle_trt.speculative.tree import DEFAULT_STATIC_TREE, chain_choices, static_layout, trim_choices
+from eagle_trt.speculative.verify import verify_greedy
+
+
+@dataclass
+class DecodeOptions:
+    max_new_tokens: int = 128
+    mode: Literal["eagle", "ar"] = "eagle"
+    tree: Literal["dynamic", "static", "chain"] = "dynamic"
+    draft_length: int = 6
+    beam_width: int = 8
+    total_tokens: int = 32
+    confidence_threshold: float = 0.0
+    static_tree: list[list[int]] | None = None
+    eos_token_ids: list[int] | None = None  # None: the target's own
+
+    def tree_capacity(self) -> int:
+        """Upper bound of tree nodes (root included) and of draft scratch slots."""
+        return max(self.total_tokens, self.beam_width * self.draft_length, len(DEFAULT_STATIC_TREE)) + 1
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    metrics: GenerationMetrics
+    prompt_ids: list[int] = field(default_factory=list)
+
+
+class Runner:
+    def __init__(self, target: LlamaTarget, head: Eagle3DraftHead | None, capacity: int,
+                 kv_dtype: torch.dtype | None = None, k_scales=None, v_scales=None, max_input_len: int | None = None):
+        self.target, self.head = target, head
+        self.capacity = capacity
+        self.max_input_len = max_input_len or capacity
+        if head is not None:
+            head_aux = head.spec.aux_layer_ids
+            if max(head_aux) >= target.spec.num_layers:
+                raise InputError(f"draft head reads target layer {max(head_aux)}, but the target has "
+                                 f"{target.spec.num_layers} layers")
+            target.aux_layer_ids = list(head_aux)
+        self.cache = target.new_cache(capacity, kv_dtype, k_scales, v_scales)
+        self.drafter = Drafter(head, capacity, kv_dtype) if head is not None else None
+
+    # ---- public ----------------------------------------------------------------------------------
+    def generate(self, prompt_ids: list[int], opts: DecodeOptions,
+                 on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+        self._check_prompt(prompt_ids, opts)
+        eos = set(opts.eos_token_ids if opts.eos_token_ids is not None else self.target.spec.eos_token_ids)
+        metrics = GenerationMetrics(mode=opts.mode if self.head is not None else "ar", prompt_tokens=len(prompt_ids))
+        out: list[int] = []
+
+        def emit(tokens: list[int]) -> bool:
+            """Append tokens up to a stop; return True when generation is over."""
+            for i, tok in enumerate(tokens):
+                out.append(tok)
+                if tok in eos or len(out) >= opts.max_new_tokens:
+                    metrics.stop_reason = "eos" if tok in eos else "length"
+                    tokens = tokens[: i + 1]
+                    break
+            if on_tokens is not None:
+                on_tokens(tokens)
+            return bool(metrics.stop_reason)
+
+        t0 = time.perf_counter()
+        if opts.mode == "ar" or self.head is None:
+            self._generate_ar(prompt_ids, emit, metrics)
+        else:
+            self._generate_eagle(prompt_ids, opts, emit, metrics)
+        metrics.total_s = time.perf_counter() - t0
+        metrics.generated_tokens = len(out)
+        return GenerationResult(out, metrics, list(prompt_ids))
+
+    # ---- loops ------------------------------------------------------------------------------------
+    def _prefill(self, ids: torch.Tensor, need_aux: bool) -> tuple[int, torch.Tensor | None]:
+        self.cache.length = 0
+        p = ids.numel()
+        logits, aux = self.target.forward(ids, torch.arange(p), self.cache, need_aux=need_aux,
+                                          logits_rows=torch.tensor([p - 1]))
+        self.cache.length = p
+        return int(logits[-1].argmax()), aux
+
+    def _generate_ar(self, prompt_ids, emit, metrics) -> None:
+        t = time.perf_counter()
+        tok, _ = self._prefill(torch.tensor(prompt_ids), need_aux=False)
+        metrics.prefill_s = time.perf_counter() - t
+        done = emit([tok])
+        while not done:
+            t = time.perf_counter()
+            n = self.cache.length
+            logits, _ = self.target.forward(torch.tensor([tok]), torch.tensor([n]), self.cache)
+            self.cache.length = n + 1
+            tok = int(logits[0].argmax())
+            metrics.steps.append(StepRecord(0, 0, 0, 0.0, time.perf_counter() - t))
+            done = emit([tok])
+
+    def _generate_eagle(self, prompt_ids, opts: DecodeOptions, emit, metrics) -> None:
+        layout = None
+        if opts.tree != "dynamic":
+            choices = chain_choices(opts.draft_length) if opts.tree == "chain" else (
+                opts.static_tree or trim_choices(DEFAULT_STATIC_TREE, opts.draft_length, opts.total_tokens))
+            layout = static_layout(choices)
+        ids = torch.tensor(prompt_ids)
+        t = time.perf_counter()
+        root, aux = self._prefill(ids, need_aux=True)
+        metrics.prefill_s = time.perf_counter() - t
+        if emit([root]):
+            return
+        t = time.perf_counter()
+        self.drafter.reset()
+        # Draft position t reads (feature_t, token_{t+1}): shift the prompt by one and append the root.
+        self.drafter.extend(aux, torch.cat([ids[1:], torch.tensor([root])]))
+        carry_draft_s = time.perf_counter() - t
+        while True:
+            n = self.cache.length
+            t_draft = time.perf_counter()
+            if layout is None:
+                tree = self.drafter.draft_dynamic(root, opts.beam_width, opts.draft_length, opts.total_tokens,
+                                                  opts.confidence_threshold)
+            else:
+                tree = self.drafter.draft_static(root, layout)
+            t_verify = time.perf_counter()
+            # One target forward over root + tree; node i sits at position n + depth(i).
+            logits, aux = self.target.forward(tree.tokens, tree.positions(n), self.cache, tree.mask, need_aux=True)
+            path, bonus = verify_greedy(tree, logits.argmax(dim=-1))
+            # Keep the accepted path's K/V, packed right after the prefix; the rest is dead space.
+            self.cache.compact(n, path)
+            self.cache.length = n + path.numel()
+            t_done = time.perf_counter()
+            accepted = tree.tokens[path[1:]].tolist()
+            step = StepRecord(len(accepted), tree.size, tree.depth, carry_draft_s + (t_verify - t_draft),
+                              t_done - t_verify)
+            metrics.steps.append(step)
+            if emit(accepted + [bonus]):
+                return
+            root = bonus
+            t = time.perf_counter()
+            self.drafter.extend(aux[path], torch.tensor(accepted + [bonus]))
+            carry_draft_s = time.perf_counter() - t
+
+    def _check_prompt(self, prompt_ids: list[int], opts: DecodeOptions) -> None:
+        if not prompt_ids:
+            raise InputError("the prompt is empty: give some text with --prompt")
+        if len(prompt_ids) > self.max_input_len:
+            raise InputError(f"the prompt has {len(prompt_ids)} tokens, more than max_input_len "
+                             f"{self.max_input_len}; shorten it or rebuild the engine with a larger max_input_len")
+        need = len(prompt_ids) + opts.max_new_tokens + opts.tree_capacity()
+        if need > self.capacity:
+            raise InputError(f"prompt ({len(prompt_ids)}) + max_new_tokens ({opts.max_new_tokens}) + tree "
+                             f"({opts.tree_capacity()}) exceed the KV cache ({self.capacity} slots); "
+                             f"lower --max-new-tokens or rebuild with a larger max_output_len")
+        vocab = self.target.spec.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise InputError(f"prompt token ids must lie in [0, {vocab})")

@@ -1,0 +1,150 @@
+"""Draft trees as plain tensors: construction, masks, positions and retrieve indices.
+
+A tree of N draft tokens is stored with the root (the token the target already chose, not yet in its
+KV cache) at index 0 and every parent before its children:
+
+    tokens   [N+1]        token id per node
+    parents  [N+1]        parent index, -1 for the root
+    depths   [N+1]        0 for the root; position of node i = prefix_len + depths[i]
+    mask     [N+1, N+1]   mask[i, j] = j is i or an ancestor of i (what node i may attend to)
+    retrieve [P, Dmax+1]  one row per leaf: the node indices root..leaf, padded with -1
+
+    >>> t = tree_from_parents(torch.tensor([7, 8, 9]), torch.tensor([-1, 0, 0]))
+    >>> t.retrieve.tolist()
+    [[0, 1], [0, 2]]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Tree:
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    mask: torch.Tensor
+    retrieve: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        """Draft tokens in the tree (root excluded)."""
+        return self.tokens.numel() - 1
+
+    @property
+    def depth(self) -> int:
+        return int(self.depths.max())
+
+    def positions(self, prefix_len: int) -> torch.Tensor:
+        return self.depths + prefix_len
+
+
+def tree_from_parents(tokens: torch.Tensor, parents: torch.Tensor) -> Tree:
+    """Build masks, depths and retrieve indices; `parents[i] < i` for every non-root node."""
+    n = tokens.numel()
+    par = parents.tolist()
+    if par[0] != -1 or any(not (0 <= p < i) for i, p in enumerate(par) if i > 0):
+        raise ValueError(f"parents must list the root first and every parent before its child: {par}")
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    depths = [0] * n
+    for i in range(n):
+        if i:
+            mask[i] = mask[par[i]]
+            depths[i] = depths[par[i]] + 1
+        mask[i, i] = True
+    is_parent = set(par[1:])
+    leaves = [i for i in range(n) if i not in is_parent]
+    dmax = max(depths)
+    retrieve = torch.full((len(leaves), dmax + 1), -1, dtype=torch.long)
+    for row, leaf in enumerate(leaves):
+        path = mask[leaf].nonzero().flatten()  # ancestors are exactly the True columns, in index order
+        retrieve[row, : path.numel()] = path
+    return Tree(tokens.long(), torch.tensor(par, dtype=torch.long), torch.tensor(depths, dtype=torch.long),
+                mask, retrieve)
+
+
+def select_top_nodes(
+    scores: torch.Tensor,
+    parents: torch.Tensor,
+    depths: torch.Tensor,
+    total_tokens: int,
+    min_score: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """EAGLE-2 rerank: keep the `total_tokens` candidates with the highest cumulative log-prob.
+
+    Candidates are listed in creation order (every parent before its children, parent index -1 = root).
+    A child's score is never above its parent's, and ties go to the shallower node, so the kept set is
+    closed under ancestors. Returns (kept candidate indices in creation order, their parents as tree
+    indices where the root is 0 and kept candidate j becomes node j+1).
+    """
+    n = scores.numel()
+    keep_ok = torch.ones(n, dtype=torch.bool) if min_score is None else scores >= min_score
+    # Sort by score desc, then depth asc, then creation order (a stable lexicographic sort).
+    order = torch.arange(n)
+    order = order[torch.argsort(depths[order], stable=True)]
+    order = order[torch.argsort(-scores[order], stable=True)]
+    order = order[keep_ok[order]][:total_tokens]
+    kept = order.sort().values
+    tree_index = torch.full((n,), -1, dtype=torch.long)
+    tree_index[kept] = torch.arange(1, kept.numel() + 1)
+    par = parents[kept]
+    tree_par = torch.where(par < 0, torch.zeros_like(par), tree_index[par.clamp(min=0)])
+    if (tree_par < 0).any():  # cannot happen for cumulative log-probs; guards hand-made scores
+        raise ValueError("selected nodes are not closed under ancestors")
+    return kept, tree_par
+
+
+# ---- static trees ---------------------------------------------------------------------------------
+
+# A 21-node tree: wide near the root where the draft is least sure, one deep chain where it is most sure.
+DEFAULT_STATIC_TREE: list[list[int]] = [
+    [0], [1], [2], [3],
+    [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0],
+    [0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0], [0, 0, 2],
+    [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 1, 0],
+    [0, 0, 0, 0, 0], [0, 0, 0, 0, 1],
+    [0, 0, 0, 0, 0, 0],
+]
+
+
+def chain_choices(length: int) -> list[list[int]]:
+    return [[0] * d for d in range(1, length + 1)]
+
+
+@dataclass
+class StaticLayout:
+    """A static tree from a choices list: node i (1-based, root 0) is the ranks[i]-th best child of parents[i]."""
+
+    parents: torch.Tensor  # [N+1]
+    ranks: torch.Tensor  # [N+1], root 0
+    depths: torch.Tensor  # [N+1]
+
+    @property
+    def size(self) -> int:
+        return self.parents.numel() - 1
+
+
+def static_layout(choices: list[list[int]]) -> StaticLayout:
+    """Order the choices breadth-first (parents before children) and index their parents."""
+    paths = sorted({tuple(c) for c in choices}, key=lambda p: (len(p), p))
+    index = {(): 0}
+    parents, ranks, depths = [-1], [0], [0]
+    for i, path in enumerate(paths, start=1):
+        if not path or min(path) < 0:
+            raise ValueError(f"tree choice {list(path)} must be a non-empty list of ranks >= 0")
+        if path[:-1] not in index:
+            raise ValueError(f"tree choice {list(path)} has no parent {list(path[:-1])} in the tree")
+        index[path] = i
+        parents.append(index[path[:-1]])
+        ranks.append(path[-1])
+        depths.append(len(path))
+    return StaticLayout(torch.tensor(parents), torch.tensor(ranks), torch.tensor(depths))
+
+
+def trim_choices(choices: list[list[int]], max_depth: int, max_nodes: int) -> list[list[int]]:
+    """Keep the breadth-first first `max_nodes` choices no deeper than `max_depth` (ancestor-closed)."""
+    paths = sorted({tuple(c) for c in choices if len(c) <= max_depth}, key=lambda p: (len(p), p))
+    return [list(p) for p in paths[:max_nodes]]
