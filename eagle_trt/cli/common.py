@@ -1,0 +1,66 @@
+"""Shared CLI plumbing: consoles, the error policy, JSON output, shared option types."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from eagle_trt.errors import EXIT_FAILURE, EagleError
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+EXIT_CODES_HELP = "Exit codes: 0 ok, 2 bad config or input, 3 missing dependency or hardware, 1 anything else."
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")]
+EngineOpt = Annotated[Path, typer.Option("--engine", "-e", help="Engine dir written by `eagle-trt build`.")]
+SkipVerifyOpt = Annotated[bool, typer.Option(
+    "--skip-verify", help="Do not check the sha256 of every engine file on load (faster, less safe).")]
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("EAGLE_TRT_DEBUG", "") not in ("", "0", "false")
+
+
+def fail(message: str, code: int, hint: str | None = None) -> None:
+    err_console.print(f"[bold red]Error:[/] {message}", soft_wrap=True)
+    if hint:
+        err_console.print(f"  hint: {hint}", soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def handle_errors(fn):
+    """One error policy for every command: one line on stderr, a distinct exit code, traceback only in debug."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except EagleError as e:
+            if debug_enabled():
+                raise
+            fail(e.message, e.exit_code, e.hint)
+        except KeyboardInterrupt:
+            err_console.print("Interrupted.")
+            raise typer.Exit(130) from None
+        except Exception as e:  # noqa: BLE001 - last-resort boundary of the CLI
+            if debug_enabled():
+                raise
+            fail(f"{type(e).__name__}: {e}", EXIT_FAILURE, "rerun with EAGLE_TRT_DEBUG=1 for the traceback")
+
+    return wrapper
+
+
+def print_json(obj: Any) -> None:
+    # Plain stdout write: rich would wrap long lines and break the JSON.
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()

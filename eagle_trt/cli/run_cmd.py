@@ -1,0 +1,103 @@
+"""`eagle-trt run`: generate from an engine, streaming text, then a metrics table."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from eagle_trt.cli.common import EngineOpt, JsonOpt, SkipVerifyOpt, console, handle_errors, print_json
+from eagle_trt.errors import InputError
+
+
+def run(
+    engine: EngineOpt,
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to continue. With --chat (default) it is sent "
+                                        "as one user turn through the tokenizer's chat template.")],
+    max_new_tokens: Annotated[Optional[int], typer.Option(help="Stop after this many new tokens (default: "
+                                                          "min(128, engine max_output_len)).")] = None,
+    mode: Annotated[str, typer.Option(help="eagle: speculative decoding; ar: plain autoregressive decoding "
+                                      "(the reference the eagle output equals, token for token).")] = "eagle",
+    tree: Annotated[Optional[str], typer.Option(help="dynamic (EAGLE-2 reranked tree), static (fixed choices "
+                                                "list) or chain (one path). Default: the engine's.")] = None,
+    draft_length: Annotated[Optional[int], typer.Option(help="Tree depth: draft tokens per path.")] = None,
+    beam_width: Annotated[Optional[int], typer.Option(help="Top-k children expanded per node (dynamic tree).")] = None,
+    total_tokens: Annotated[Optional[int], typer.Option(help="Draft tokens kept in the tree (root excluded).")] = None,
+    confidence_threshold: Annotated[Optional[float], typer.Option(
+        help="Drop branches whose cumulative draft probability is below this (0 keeps all).")] = None,
+    chat: Annotated[bool, typer.Option("--chat/--no-chat", help="Apply the chat template; --no-chat encodes the "
+                                       "prompt exactly as tokenizer(prompt).input_ids.")] = True,
+    json_out: JsonOpt = False,
+    skip_verify: SkipVerifyOpt = False,
+) -> None:
+    """Generate text with an engine and report acceptance length, tokens/s and the draft/verify time split.
+
+    Greedy output is token-identical to `--mode ar`.
+
+    Example: eagle-trt run --engine engines/smollm2-135m-eagle3 --prompt "Write a haiku about the sea"
+    """
+    handle_errors(_run)(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, total_tokens,
+                        confidence_threshold, chat, json_out, skip_verify)
+
+
+def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, total_tokens,
+         confidence_threshold, chat, json_out, skip_verify) -> None:
+    from eagle_trt.runtime.session import Session, TextStream
+
+    if mode not in ("eagle", "ar"):
+        raise InputError(f"--mode must be 'eagle' or 'ar', got {mode!r}")
+    if tree is not None and tree not in ("dynamic", "static", "chain"):
+        raise InputError(f"--tree must be dynamic, static or chain, got {tree!r}")
+    for name, value in (("--max-new-tokens", max_new_tokens), ("--draft-length", draft_length),
+                        ("--beam-width", beam_width), ("--total-tokens", total_tokens)):
+        if value is not None and value < 1:
+            raise InputError(f"{name} must be >= 1, got {value}")
+    if confidence_threshold is not None and not 0 <= confidence_threshold < 1:
+        raise InputError(f"--confidence-threshold must be in [0, 1), got {confidence_threshold}")
+    if not prompt.strip():
+        raise InputError("the prompt is empty: give some text with --prompt")
+    if not Path(engine).exists():
+        raise InputError(f"engine dir '{engine}' does not exist", hint="build one with `eagle-trt build --config ...`")
+
+    session = Session.open(engine, verify=not skip_verify)
+    opts = session.decode_options(max_new_tokens=max_new_tokens, mode=mode, tree=tree, draft_length=draft_length,
+                                  beam_width=beam_width, total_tokens=total_tokens,
+                                  confidence_threshold=confidence_threshold)
+    ids = session.encode(prompt, chat=chat)
+    stream = TextStream(session.tokenizer)
+
+    def on_tokens(tokens: list[int]) -> None:
+        if not json_out:
+            sys.stdout.write(stream.push(tokens))
+            sys.stdout.flush()
+
+    result = session.runner.generate(ids, opts, on_tokens=on_tokens)
+    text = session.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    metrics = result.metrics.to_dict()
+    if json_out:
+        print_json({"text": text, "token_ids": result.token_ids, "prompt_token_ids": ids,
+                    "options": {k: v for k, v in vars(opts).items() if k != "eos_token_ids"}, "metrics": metrics})
+        return
+    sys.stdout.write("\n")
+    console.print(metrics_table(metrics))
+
+
+def metrics_table(m: dict) -> Table:
+    table = Table(title=f"{m['mode']} decoding", show_header=False, title_justify="left")
+    table.add_column("metric", style="bold")
+    table.add_column("value", justify="right")
+    table.add_row("generated tokens", str(m["generated_tokens"]))
+    table.add_row("tokens/s", f"{m['tokens_per_second']:.2f}")
+    table.add_row("acceptance length τ", f"{m['acceptance_length']:.2f}")
+    if m["acceptance_per_depth"]:
+        table.add_row("acceptance by depth", " ".join(f"{a:.2f}" for a in m["acceptance_per_depth"]))
+    table.add_row("verify steps", str(m["verify_steps"]))
+    table.add_row("prefill ms", f"{m['prefill_ms']:.1f}")
+    table.add_row("draft ms / verify ms", f"{m['draft_ms']:.1f} / {m['verify_ms']:.1f}")
+    if m["mean_tree_size"]:
+        table.add_row("tree size (mean) / utilization", f"{m['mean_tree_size']:.1f} / {m['tree_utilization']:.1%}")
+    table.add_row("stop", m["stop_reason"])
+    return table

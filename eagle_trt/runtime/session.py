@@ -1,0 +1,117 @@
+"""A loaded engine ready to generate: runner + tokenizer + the engine's defaults.
+
+    session = Session.open("engines/smollm2-135m-eagle3")
+    ids = session.encode("Write a haiku", chat=True)
+    result = session.runner.generate(ids, session.decode_options(max_new_tokens=64))
+    print(session.tokenizer.decode(result.token_ids))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eagle_trt.errors import CheckpointError, InputError, MissingDependencyError
+from eagle_trt.models.draft_head import Eagle3DraftHead
+from eagle_trt.models.kv_cache import resolve_kv_dtype
+from eagle_trt.models.llama import LlamaTarget
+from eagle_trt.runtime.runner import DecodeOptions, Runner
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot load the tokenizer ({e})") from None
+
+
+@dataclass
+class Session:
+    engine: object  # eagle_trt.engine.engine_dir.EngineDir
+    runner: Runner
+    tokenizer: object
+
+    @classmethod
+    def open(cls, engine_path: str | Path, verify: bool = True, device: str = "cpu") -> "Session":
+        from eagle_trt.engine.engine_dir import open_engine
+
+        engine = open_engine(engine_path, verify=verify)
+        cfg = engine.config
+        if cfg.backend != "torch":
+            raise MissingDependencyError(
+                f"{engine_path}: backend '{cfg.backend}' engines run with TensorRT-LLM, which is not installed",
+                hint="pip install 'eagle-trt[trtllm]' on Linux x86-64/aarch64 with Python 3.10 or 3.12 and CUDA")
+        dtype = DTYPES[cfg.dtype]
+        target = LlamaTarget.load(engine.target_dir, dtype)
+        head = Eagle3DraftHead.load(engine.draft_dir, target, dtype)
+        kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, dtype)
+        scales = _kv_scales(Path(engine.root) / "kv_scales.safetensors")
+        tree_room = max(cfg.total_tokens, cfg.max_beam_width * cfg.draft_length, 64) + 1
+        runner = Runner(target, head, capacity=cfg.max_input_len + cfg.max_output_len + tree_room,
+                        kv_dtype=kv_dtype, k_scales=scales[0], v_scales=scales[1], max_input_len=cfg.max_input_len)
+        return cls(engine, runner, load_tokenizer(engine.tokenizer_dir))
+
+    @property
+    def config(self):
+        return self.engine.config
+
+    def decode_options(self, **overrides) -> DecodeOptions:
+        """The engine's tree settings, with any non-None override applied."""
+        cfg = self.config
+        opts = dict(
+            tree=cfg.tree, draft_length=cfg.draft_length, beam_width=cfg.max_beam_width,
+            total_tokens=cfg.total_tokens, confidence_threshold=cfg.confidence_threshold,
+            static_tree=cfg.static_tree, max_new_tokens=min(128, cfg.max_output_len),
+        )
+        opts.update({k: v for k, v in overrides.items() if v is not None})
+        if opts["max_new_tokens"] > cfg.max_output_len:
+            raise InputError(f"--max-new-tokens {opts['max_new_tokens']} exceeds the engine's max_output_len "
+                             f"{cfg.max_output_len}; rebuild with a larger max_output_len")
+        if opts["total_tokens"] < opts["draft_length"] and opts["tree"] == "dynamic":
+            raise InputError(f"--total-tokens ({opts['total_tokens']}) must be >= --draft-length ({opts['draft_length']})")
+        return DecodeOptions(**opts)
+
+    def encode(self, prompt: str, chat: bool = True) -> list[int]:
+        if not prompt or not prompt.strip():
+            raise InputError("the prompt is empty: give some text with --prompt")
+        tok = self.tokenizer
+        if chat and getattr(tok, "chat_template", None):
+            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                          tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            return list(ids)
+        # Exactly what `tokenizer(prompt).input_ids` gives, special tokens included.
+        return list(tok(prompt).input_ids)
+
+
+def _kv_scales(path: Path) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    if not path.is_file():
+        return None, None
+    from eagle_trt.models.weights import load_safetensors
+
+    t = load_safetensors(path)
+    return t.get("k_scales"), t.get("v_scales")
+
+
+class TextStream:
+    """Turns token chunks into printable text deltas (never splits a multi-byte character)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.printed = 0
+
+    def push(self, tokens: list[int]) -> str:
+        self.ids.extend(tokens)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return ""
+        delta, self.printed = text[self.printed:], len(text)
+        return delta

@@ -1,0 +1,57 @@
+"""Shared fixtures: tiny random models built from inline configs (nothing is downloaded)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+from make_tiny_model import TINY_CONFIG, make_tiny_model  # noqa: E402
+
+
+def write_random_head(out: Path, seed: int = 1, aux=(1, 3, 4), draft_vocab: int | None = None, scale=0.1) -> Path:
+    """A random EAGLE-3 head in modelopt's export layout for the tiny target (no modelopt needed)."""
+    from safetensors.torch import save_file
+
+    c = TINY_CONFIG
+    h, nh, kv, hd, inter, v = (c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"],
+                               c["intermediate_size"], c["vocab_size"])
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g) * scale  # noqa: E731
+    p = "layers.0."
+    w = {
+        "fc.weight": r(h, len(aux) * h),
+        p + "hidden_norm.weight": 1 + r(h), p + "input_layernorm.weight": 1 + r(h),
+        p + "self_attn.q_proj.weight": r(nh * hd, 2 * h), p + "self_attn.k_proj.weight": r(kv * hd, 2 * h),
+        p + "self_attn.v_proj.weight": r(kv * hd, 2 * h), p + "self_attn.o_proj.weight": r(h, nh * hd),
+        p + "post_attention_layernorm.weight": 1 + r(h),
+        p + "mlp.gate_proj.weight": r(inter, h), p + "mlp.up_proj.weight": r(inter, h),
+        p + "mlp.down_proj.weight": r(h, inter), "norm.weight": 1 + r(h),
+    }
+    dv = draft_vocab or v
+    if draft_vocab:
+        w["lm_head.weight"] = r(dv, h)
+        # draft id i -> target id 2*i (a sparse, non-trivial map)
+        w["d2t"] = torch.arange(dv, dtype=torch.long)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(w, str(out / "model.safetensors"))
+    cfg = dict(architectures=["LlamaForCausalLMEagle3"], hidden_size=h, num_attention_heads=nh,
+               num_key_value_heads=kv, head_dim=hd, intermediate_size=inter, rms_norm_eps=1e-6, rope_theta=10000.0,
+               max_position_embeddings=c["max_position_embeddings"], vocab_size=v, draft_vocab_size=dv,
+               eagle_aux_hidden_state_layer_ids=list(aux), num_hidden_layers=1)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_head_dir(tmp_path_factory) -> Path:
+    return write_random_head(tmp_path_factory.mktemp("tiny") / "draft")

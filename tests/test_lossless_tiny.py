@@ -1,0 +1,128 @@
+"""Losslessness on a tiny random Llama: eagle == ar == HF transformers greedy generate (fp32).
+
+An untrained head rarely gets a token right, so an "oracle" drafter also plants the true continuation
+in the tree (at a random depth, among wrong siblings, sometimes with a wrong token mid-path): that drives
+deep acceptance, KV compaction and stops in the middle of an accepted path.
+"""
+
+import random
+
+import pytest
+import torch
+
+from eagle_trt.models.draft_head import Eagle3DraftHead
+from eagle_trt.models.llama import LlamaTarget
+from eagle_trt.runtime.runner import DecodeOptions, Runner
+from eagle_trt.speculative.tree import tree_from_parents
+
+PROMPTS = [[5, 6, 7, 8, 9], [100, 20, 30], [256, 72, 101, 108, 108, 111], list(range(40, 73))]
+TREES = [
+    dict(tree="dynamic", beam_width=8, draft_length=6, total_tokens=32),
+    dict(tree="dynamic", beam_width=3, draft_length=4, total_tokens=6),
+    dict(tree="dynamic", beam_width=1, draft_length=1, total_tokens=1),
+    dict(tree="dynamic", beam_width=4, draft_length=5, total_tokens=20, confidence_threshold=0.01),
+    dict(tree="static"),
+    dict(tree="static", static_tree=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]),
+    dict(tree="chain", draft_length=5),
+]
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_model_dir, tiny_head_dir):
+    target = LlamaTarget.load(tiny_model_dir)
+    return Runner(target, Eagle3DraftHead.load(tiny_head_dir, target), capacity=512)
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+def hf_greedy(model, prompt, n, eos=None):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=eos,
+                             pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_ar_equals_hf_generate(runner, hf_model, prompt):
+    ar = runner.generate(prompt, DecodeOptions(max_new_tokens=48, mode="ar", eos_token_ids=[]))
+    assert ar.token_ids == hf_greedy(hf_model, prompt, 48)
+
+
+@pytest.mark.parametrize("tree", TREES, ids=lambda t: "-".join(f"{v}" for v in t.values())[:40])
+@pytest.mark.parametrize("prompt", PROMPTS[:3])
+def test_eagle_equals_ar(runner, prompt, tree):
+    for n in (1, 7, 40):
+        ar = runner.generate(prompt, DecodeOptions(max_new_tokens=n, mode="ar", eos_token_ids=[])).token_ids
+        res = runner.generate(prompt, DecodeOptions(max_new_tokens=n, eos_token_ids=[], **tree))
+        assert res.token_ids == ar
+        assert len(res.token_ids) == n and res.metrics.stop_reason == "length"
+
+
+class OracleDrafter:
+    """Wraps the real drafter; plants the reference continuation in each tree."""
+
+    def __init__(self, inner, prompt_len, reference, seed):
+        self.inner, self.p, self.ref, self.rng = inner, prompt_len, reference, random.Random(seed)
+        self.extend, self.reset = inner.extend, inner.reset
+
+    def _tree(self, root):
+        g = self.inner.length - self.p  # index of the root in the reference continuation
+        truth = self.ref[g + 1 : g + 1 + self.rng.randint(0, 6)]
+        if truth and self.rng.random() < 0.3:  # a wrong token mid-path: acceptance must stop there
+            truth = list(truth)
+            truth[self.rng.randrange(len(truth))] = (truth[0] + 1) % 250
+        tokens, parents = [root], [-1]
+        prev = 0
+        for tok in truth:
+            for _ in range(self.rng.randint(0, 2)):  # wrong siblings before the right one
+                tokens.append((tok + 1 + self.rng.randrange(200)) % 250)
+                parents.append(prev)
+            tokens.append(tok)
+            parents.append(prev)
+            prev = len(tokens) - 1
+        return tree_from_parents(torch.tensor(tokens), torch.tensor(parents))
+
+    def draft_dynamic(self, root, *a, **k):
+        self.inner.draft_dynamic(root, *a, **k)  # keep the real head's work in the loop
+        return self._tree(root)
+
+    def draft_static(self, root, layout):
+        return self._tree(root)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_deep_acceptance_and_eos_mid_path(runner, hf_model, prompt, seed):
+    ref = runner.generate(prompt, DecodeOptions(max_new_tokens=60, mode="ar", eos_token_ids=[])).token_ids
+    real = runner.drafter
+    runner.drafter = OracleDrafter(real, len(prompt), ref, seed)
+    try:
+        res = runner.generate(prompt, DecodeOptions(max_new_tokens=60, eos_token_ids=[]))
+        assert res.token_ids == ref
+        assert res.metrics.acceptance_length > 1.5  # the planted paths were taken
+        # Stop at an "EOS" that sits inside an accepted path: output ends right after it, like HF.
+        eos = ref[17 + seed]
+        hf = hf_greedy(hf_model, prompt, 60, eos=eos)
+        ar = runner.generate(prompt, DecodeOptions(max_new_tokens=60, mode="ar", eos_token_ids=[eos]))
+        sd = runner.generate(prompt, DecodeOptions(max_new_tokens=60, eos_token_ids=[eos]))
+        assert sd.token_ids == ar.token_ids == hf
+        assert sd.token_ids[-1] == eos and sd.metrics.stop_reason == "eos"
+    finally:
+        runner.drafter = real
+
+
+def test_reduced_draft_vocab_maps_through_d2t(tiny_model_dir, tmp_path):
+    from conftest import write_random_head
+
+    target = LlamaTarget.load(tiny_model_dir)
+    head = Eagle3DraftHead.load(write_random_head(tmp_path / "d", draft_vocab=64), target)
+    assert head.draft_to_target.tolist() == [2 * i for i in range(64)]
+    r = Runner(target, head, capacity=256)
+    ar = r.generate([5, 6, 7], DecodeOptions(max_new_tokens=30, mode="ar", eos_token_ids=[])).token_ids
+    res = r.generate([5, 6, 7], DecodeOptions(max_new_tokens=30, eos_token_ids=[]))
+    assert res.token_ids == ar
