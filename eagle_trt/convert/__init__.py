@@ -1,0 +1,9 @@
+"""Convert a Hugging Face causal LM (HF dir or .gguf) into a checkpoint with an EAGLE-3 draft head.
+
+    from eagle_trt.convert import convert_model
+    result = convert_model("/tmp/tiny-llama", "/tmp/tiny-ckpt", steps=0)
+"""
+
+from .pipeline import ConvertResult, convert_model
+
+__all__ = ["ConvertResult", "convert_model"]

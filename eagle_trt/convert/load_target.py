@@ -1,0 +1,190 @@
+"""Load the target model (the big model EAGLE-3 drafts for) from an HF directory or a .gguf file.
+
+    from eagle_trt.convert.load_target import load_target
+    model, tokenizer, info = load_target("/tmp/tiny-llama")   # or "SmolLM2-135M-Instruct.Q4_1.gguf"
+    print(info.format, info.architecture, info.num_layers)
+
+Everything is loaded in fp32, offline (`local_files_only=True`) and without remote code. Only
+safetensors and GGUF are read: a directory with only pickle weights (pytorch_model.bin) is refused,
+because unpickling an untrusted file can run arbitrary code. Cheap checks (files present, headers
+intact, architecture supported) run before the slow weight load so a bad input fails in a second.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from eagle_trt.errors import CheckpointError, InputError, MissingDependencyError
+
+# model_type (HF config) / general.architecture (GGUF) -> family name shown to the user.
+# The draft layer is always a Llama decoder layer; these families share its RMSNorm + RoPE + GQA
+# layout, so the draft can be sized from their config directly.
+SUPPORTED_ARCHITECTURES = {"llama": "Llama (incl. SmolLM2)", "qwen2": "Qwen2"}
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# At least one of these must exist: tokenizer_config.json alone carries no vocabulary.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """Where the target came from, recorded in convert.json."""
+
+    path: str
+    format: str  # "hf" | "gguf"
+    architecture: str  # HF model_type, e.g. "llama"
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _check_supported(arch: str, path: Path) -> None:
+    if arch not in SUPPORTED_ARCHITECTURES:
+        names = ", ".join(SUPPORTED_ARCHITECTURES.values())
+        raise CheckpointError(
+            f"unsupported architecture {arch!r} in {path}; eagle-trt converts {names} models"
+        )
+
+
+def _check_safetensors(path: Path) -> None:
+    """Parse the header; safetensors also verifies the data section covers every tensor."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            f.keys()
+    except Exception as e:  # SafetensorError has no stable public import path
+        raise CheckpointError(
+            f"corrupt or truncated safetensors file {path} ({e}); re-download or re-export the model"
+        ) from e
+
+
+def _check_hf_dir(path: Path) -> str:
+    """Validate an HF model dir without loading weights; return its model_type."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(
+            f"no config.json in {path}; pass a Hugging Face model directory or a .gguf file"
+        )
+    try:
+        model_type = json.loads(config_file.read_text()).get("model_type", "<missing>")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise CheckpointError(f"unreadable {config_file} ({e}); re-download the model") from e
+    _check_supported(model_type, path)
+
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        pickles = sorted(p.name for p in path.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+        if pickles:
+            raise CheckpointError(
+                f"{path} has only pickle weights ({', '.join(pickles)}), which eagle-trt never "
+                "loads (unpickling can run code); convert them to safetensors first"
+            )
+        raise CheckpointError(f"no *.safetensors weights in {path}; re-download the model")
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            wanted = set(json.loads(index.read_text())["weight_map"].values())
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(f"unreadable {index} ({e}); re-download the model") from e
+        missing = sorted(name for name in wanted if not (path / name).is_file())
+        if missing:
+            raise CheckpointError(f"missing weight shards in {path}: {', '.join(missing)}")
+    for shard in shards:
+        _check_safetensors(shard)
+
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        raise CheckpointError(
+            f"no tokenizer in {path} (expected one of {', '.join(_TOKENIZER_FILES)}); "
+            "copy the tokenizer files of the original model into it"
+        )
+    return model_type
+
+
+def _check_gguf(path: Path) -> str:
+    """Parse the GGUF header and tensor table; return the architecture it declares."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+        field = reader.get_field("general.architecture")
+        arch = field.contents() if field is not None else "<missing>"
+        # GGUFReader already fails on most truncations (tensor views no longer fit); this catches
+        # a cut that lands exactly at a tensor boundary.
+        size = path.stat().st_size
+        if any(t.data_offset + t.n_bytes > size for t in reader.tensors):
+            raise ValueError("tensor data extends past the end of the file")
+    except Exception as e:
+        raise CheckpointError(
+            f"corrupt or truncated GGUF file {path} ({e}); re-download it"
+        ) from e
+    _check_supported(arch, path)
+    return arch
+
+
+def _wrap_load_error(what: str, path: Path, e: Exception) -> CheckpointError:
+    first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return CheckpointError(f"could not load the {what} from {path}: {first_line}")
+
+
+def load_target(model_path: str | Path):
+    """Load MODEL (HF dir or .gguf) as an fp32 causal LM. Returns (model, tokenizer, SourceInfo)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(model_path).expanduser().resolve()
+    if not path.exists():
+        raise InputError(
+            f"model path not found: {path}; pass a Hugging Face model directory or a .gguf file"
+        )
+    common = dict(local_files_only=True, trust_remote_code=False)
+    if path.is_dir():
+        fmt, _ = "hf", _check_hf_dir(path)
+        source, extra = str(path), {"use_safetensors": True}
+    elif path.is_file() and path.suffix.lower() == ".gguf":
+        fmt, _ = "gguf", _check_gguf(path)
+        from transformers.utils import is_accelerate_available
+
+        if not is_accelerate_available():  # transformers refuses GGUF loading without it
+            raise MissingDependencyError(
+                f"loading {path} needs the 'accelerate' package; run: pip install accelerate"
+            )
+        source, extra = str(path.parent), {"gguf_file": path.name}
+    else:
+        raise InputError(
+            f"not a model directory or .gguf file: {path}; pass the directory that holds "
+            "config.json and *.safetensors, or a .gguf file"
+        )
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **common, **extra)
+    except Exception as e:
+        raise _wrap_load_error("model", path, e) from e
+    try:
+        tok_extra = {"gguf_file": extra["gguf_file"]} if fmt == "gguf" else {}
+        tokenizer = AutoTokenizer.from_pretrained(source, **common, **tok_extra)
+    except Exception as e:
+        raise _wrap_load_error("tokenizer", path, e) from e
+
+    config = model.config
+    _check_supported(config.model_type, path)
+    # GGUF loading dequantizes; make sure the saved config says fp32 and carries no quantizer
+    # state (modelopt's TTT mask code also calls torch.finfo on config.dtype).
+    config.dtype = torch.float32
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model.eval()
+
+    info = SourceInfo(
+        path=str(path),
+        format=fmt,
+        architecture=config.model_type,
+        num_layers=config.num_hidden_layers,
+        hidden_size=config.hidden_size,
+        vocab_size=config.vocab_size,
+    )
+    return model, tokenizer, info
