@@ -1,0 +1,144 @@
+"""The eagle_config.yaml schema: one strict pydantic model that mirrors the YAML file key for key.
+
+Validation is pure (it never touches disk), so `eagle-trt config check` and the builder's own
+checks can run without a checkpoint. Everything that needs files (does the draft head fit the
+target?) lives in eagle_trt.engine.builder.
+
+    >>> from eagle_trt.config.schema import EagleConfig
+    >>> cfg = EagleConfig.model_validate({"draft_length": 4, "total_tokens": 16})
+    >>> (cfg.backend, cfg.dtype, cfg.resolved_kv_cache_dtype)
+    ('torch', 'float32', 'float32')
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+# strict=True: YAML already yields the right Python types, so "6" for an int or `yes` for a
+# number is a typo to report, not something to coerce silently.
+_STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+Rank = Annotated[int, Field(ge=0)]
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+
+
+def _cross(message: str) -> PydanticCustomError:
+    # A custom error keeps the message verbatim (a plain ValueError gets a "Value error, " prefix).
+    return PydanticCustomError("cross_field", message)
+
+
+class EagleArchitecture(BaseModel):
+    """Shape of the EAGLE-3 draft head; the builder checks it against the checkpoint."""
+
+    model_config = _STRICT
+
+    hidden_size: int = Field(gt=0, description="Draft hidden size; must equal the target model's hidden size.")
+    num_attention_heads: int = Field(gt=0, description="Attention heads in the draft decoder layer.")
+    intermediate_size: int = Field(gt=0, description="MLP intermediate size of the draft decoder layer.")
+    num_hidden_layers: int = Field(gt=0, description="Decoder layers in the draft head (EAGLE-3 uses 1).")
+    max_position_embeddings: int = Field(gt=0, description="Longest position the draft head supports.")
+
+
+class EagleConfig(BaseModel):
+    """Everything `eagle-trt build` and `eagle-trt run` need besides the checkpoint itself."""
+
+    model_config = _STRICT
+
+    name: str = Field(
+        "smollm2-135m-eagle3",
+        min_length=1,
+        max_length=128,
+        description="Engine name (letters, digits, . _ -); the default build output is engines/<name>.",
+    )
+    checkpoint_dir: str | None = Field(
+        None, min_length=1, description="Output dir of `eagle-trt convert` (holds target/ and draft/)."
+    )
+    backend: Literal["torch", "trtllm"] = Field("torch", description="Runtime that executes the engine.")
+    dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        "float32", description="Engine weight dtype (float32 is recommended on CPU)."
+    )
+    kv_cache_dtype: Literal["auto", "float32", "float16", "bfloat16", "fp8"] = Field(
+        "auto", description="KV-cache dtype; auto means the same as dtype."
+    )
+    eagle_architecture: EagleArchitecture | None = Field(
+        None, description="Draft head shape; omit (null) to derive it from the checkpoint."
+    )
+    draft_length: int = Field(6, ge=1, le=32, description="Draft tree depth (draft steps per iteration).")
+    confidence_threshold: float = Field(
+        0.0, ge=0.0, lt=1.0, description="Drop draft branches whose probability is below this value."
+    )
+    max_beam_width: int = Field(8, ge=1, le=64, description="Top-k children expanded per draft node.")
+    total_tokens: int = Field(32, ge=1, le=512, description="Draft tokens in the tree, root excluded.")
+    tree: Literal["dynamic", "static", "chain"] = Field(
+        "dynamic", description="Tree shape: dynamic (EAGLE-3), static (static_tree) or chain (no branching)."
+    )
+    static_tree: list[list[Rank]] | None = Field(
+        None, description="Tree paths by top-k rank, e.g. [[0], [0, 0], [1]]; only with tree: static."
+    )
+    max_batch_size: int = Field(1, ge=1, description="Largest batch the engine accepts.")
+    max_input_len: int = Field(2048, ge=1, description="Longest prompt in tokens.")
+    max_output_len: int = Field(512, ge=1, description="Most tokens generated per request.")
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        # The name becomes a directory under engines/, so no separators and no hidden names.
+        if not _NAME.fullmatch(value):
+            raise PydanticCustomError(
+                "engine_name",
+                "must be a plain directory name: letters, digits, '.', '_' or '-', "
+                "not starting with '.' or '-'",
+            )
+        return value
+
+    @property
+    def resolved_kv_cache_dtype(self) -> str:
+        """kv_cache_dtype with "auto" replaced by dtype."""
+        return self.dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> EagleConfig:
+        if self.total_tokens < self.draft_length:
+            raise _cross(f"total_tokens ({self.total_tokens}) must be >= draft_length ({self.draft_length})")
+        if self.max_beam_width > self.total_tokens:
+            raise _cross(
+                f"max_beam_width ({self.max_beam_width}) must be <= total_tokens ({self.total_tokens})"
+            )
+        if self.kv_cache_dtype == "fp8" and self.backend != "trtllm":
+            raise _cross(f"kv_cache_dtype (fp8) needs backend trtllm (got backend {self.backend})")
+        if self.static_tree is not None and self.tree != "static":
+            raise _cross(f"static_tree is set but tree is {self.tree!r}; set tree: static or remove static_tree")
+        if self.tree == "static":
+            if not self.static_tree:
+                raise _cross("tree is 'static' but static_tree is empty or missing")
+            self._check_static_tree(self.static_tree)
+        return self
+
+    def _check_static_tree(self, paths: list[list[int]]) -> None:
+        seen: set[tuple[int, ...]] = set()
+        for i, path in enumerate(paths):
+            key = tuple(path)
+            if not key:
+                raise _cross(f"static_tree[{i}] is empty; every path needs at least one rank")
+            if key in seen:
+                raise _cross(f"static_tree[{i}] {path} appears twice")
+            seen.add(key)
+        for i, path in enumerate(paths):
+            # A node is reachable only through its parent, so every prefix must be a node too.
+            for cut in range(1, len(path)):
+                if tuple(path[:cut]) not in seen:
+                    raise _cross(f"static_tree[{i}] {path} needs its prefix {path[:cut]} in static_tree")
+            if len(path) > self.draft_length:
+                raise _cross(
+                    f"static_tree[{i}] {path} has depth {len(path)} > draft_length ({self.draft_length})"
+                )
+            if max(path) >= self.max_beam_width:
+                raise _cross(
+                    f"static_tree[{i}] {path} uses rank {max(path)} >= max_beam_width ({self.max_beam_width})"
+                )
+        if len(paths) > self.total_tokens:
+            raise _cross(f"static_tree has {len(paths)} nodes > total_tokens ({self.total_tokens})")

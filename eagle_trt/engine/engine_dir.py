@@ -1,0 +1,93 @@
+"""Open a built engine dir and prove it is the one its manifest describes.
+
+    >>> from eagle_trt.engine import open_engine
+    >>> eng = open_engine("engines/smollm2-135m-eagle3")        # doctest: +SKIP
+    >>> eng.config.draft_length, eng.manifest.target.vocab_size  # doctest: +SKIP
+    (6, 49152)
+    >>> eng.draft_dir / "model.safetensors"                      # doctest: +SKIP
+    PosixPath('engines/smollm2-135m-eagle3/draft/model.safetensors')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from eagle_trt.config import EagleConfig, load_config
+from eagle_trt.engine.manifest import MANIFEST_NAME, Manifest, read_manifest, sha256_file
+from eagle_trt.errors import CheckpointError, EngineIntegrityError
+
+REQUIRED_FILES = (
+    "eagle_config.yaml",
+    "target/config.json",
+    "target/model.safetensors",
+    "draft/config.json",
+    "draft/model.safetensors",
+)
+# Files a runtime could load as weights: one the manifest does not list was put there by hand.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".engine", ".onnx", ".npz")
+_HINT = "rebuild the engine with `eagle-trt build`"
+
+
+@dataclass(frozen=True)
+class EngineDir:
+    """A verified engine dir. Paths are under root; manifest and config are parsed."""
+
+    root: Path
+    manifest: Manifest
+    config: EagleConfig
+
+    @property
+    def target_dir(self) -> Path:
+        return self.root / "target"
+
+    @property
+    def draft_dir(self) -> Path:
+        return self.root / "draft"
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.root / "tokenizer"
+
+
+def open_engine(path: str | Path, verify: bool = True) -> EngineDir:
+    """Check path against its manifest and return an EngineDir.
+
+    Always: manifest parses, required and listed files exist with the recorded sizes, no unlisted
+    weight files. verify=True also re-hashes every file (seconds for a 135M model).
+    """
+    root = Path(path)
+    if not root.exists():
+        raise CheckpointError(f"engine dir '{root}' not found", hint="build one with `eagle-trt build`")
+    if not root.is_dir():
+        raise CheckpointError(f"engine path '{root}' is not a directory")
+    manifest = read_manifest(root)
+    for rel in REQUIRED_FILES:
+        if rel not in manifest.files:
+            raise EngineIntegrityError(f"'{root / MANIFEST_NAME}' does not list required file '{rel}'", hint=_HINT)
+    for rel, entry in manifest.files.items():
+        file = root / rel
+        if not file.is_file():
+            raise EngineIntegrityError(f"engine file '{file}' is missing (listed in {MANIFEST_NAME})", hint=_HINT)
+        size = file.stat().st_size
+        if size != entry.bytes:
+            raise EngineIntegrityError(
+                f"engine file '{file}' has {size} bytes, {MANIFEST_NAME} says {entry.bytes} "
+                "(truncated or replaced)",
+                hint=_HINT,
+            )
+    for file in sorted(root.rglob("*")):
+        rel = file.relative_to(root).as_posix()
+        if file.is_file() and file.suffix in WEIGHT_SUFFIXES and rel not in manifest.files:
+            raise EngineIntegrityError(f"engine dir '{root}' has a weight file not in {MANIFEST_NAME}: '{rel}'", hint=_HINT)
+    if verify:
+        # Sizes matched, so hashing is the slow, definitive check: any flipped byte shows here.
+        for rel, entry in manifest.files.items():
+            digest = sha256_file(root / rel)
+            if digest != entry.sha256:
+                raise EngineIntegrityError(
+                    f"engine file '{root / rel}' does not match its sha256 in {MANIFEST_NAME} "
+                    f"({digest[:12]}... != {entry.sha256[:12]}...): modified after the build",
+                    hint=_HINT,
+                )
+    return EngineDir(root=root, manifest=manifest, config=load_config(root / "eagle_config.yaml"))

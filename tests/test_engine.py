@@ -1,0 +1,307 @@
+"""Engine build + open: layout, hashes, determinism, dtype cast, integrity errors. Tiny model, CPU, fast."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from eagle_trt.config import EagleArchitecture, EagleConfig, load_config
+from eagle_trt.engine import build_engine, open_engine, read_manifest, sha256_file
+from eagle_trt.errors import CheckpointError, ConfigError, EngineIntegrityError, InputError, MissingDependencyError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from make_tiny_model import make_tiny_model  # noqa: E402
+
+H, HEADS, KV, HD, INTER, AUX, DRAFT_VOCAB = 64, 4, 2, 16, 128, [1, 3, 4], 32
+
+
+def draft_tensors(hidden: int = H, official: bool = False) -> dict[str, torch.Tensor]:
+    """A random EAGLE-3 head with modelopt names (or official midlayer.* names)."""
+    g = torch.Generator().manual_seed(0)
+    layer = {
+        "self_attn.q_proj.weight": [HEADS * HD, 2 * hidden],
+        "self_attn.k_proj.weight": [KV * HD, 2 * hidden],
+        "self_attn.v_proj.weight": [KV * HD, 2 * hidden],
+        "self_attn.o_proj.weight": [hidden, HEADS * HD],
+        "mlp.gate_proj.weight": [INTER, hidden],
+        "mlp.up_proj.weight": [INTER, hidden],
+        "mlp.down_proj.weight": [hidden, INTER],
+        "input_layernorm.weight": [hidden],
+        "hidden_norm.weight": [hidden],
+        "post_attention_layernorm.weight": [hidden],
+    }
+    prefix = "midlayer." if official else "layers.0."
+    shapes = {prefix + k: s for k, s in layer.items()}
+    shapes.update({"fc.weight": [hidden, len(AUX) * hidden], "norm.weight": [hidden], "lm_head.weight": [DRAFT_VOCAB, hidden]})
+    out = {k: torch.randn(s, generator=g) for k, s in shapes.items()}
+    out["d2t"] = torch.arange(DRAFT_VOCAB, dtype=torch.int64)  # draft id i -> target id 2*i
+    return out
+
+
+def draft_config(**changes) -> dict:
+    cfg = dict(
+        architectures=["LlamaForCausalLMEagle3"], hidden_size=H, num_attention_heads=HEADS,
+        num_key_value_heads=KV, head_dim=HD, intermediate_size=INTER, num_hidden_layers=1,
+        draft_vocab_size=DRAFT_VOCAB, vocab_size=260,
+        eagle_config={"eagle_aux_hidden_state_layer_ids": AUX, "use_aux_hidden_state": True},
+    )  # fmt: skip
+    return {**cfg, **changes}
+
+
+@pytest.fixture(scope="module")
+def base_ckpt(tmp_path_factory) -> Path:
+    ckpt = tmp_path_factory.mktemp("base") / "ckpt"
+    make_tiny_model(ckpt / "target")
+    (ckpt / "draft").mkdir()
+    save_file(draft_tensors(), str(ckpt / "draft" / "model.safetensors"))
+    (ckpt / "draft" / "config.json").write_text(json.dumps(draft_config()))
+    (ckpt / "convert.json").write_text("{}")
+    return ckpt
+
+
+@pytest.fixture
+def ckpt(base_ckpt, tmp_path) -> Path:
+    return Path(shutil.copytree(base_ckpt, tmp_path / "ckpt"))
+
+
+@pytest.fixture
+def cfg() -> EagleConfig:
+    # The tiny target has 1024 positions, so the SmolLM2 defaults (2048 + 512) would not fit.
+    return EagleConfig(name="tiny", max_input_len=512, max_output_len=256, draft_length=4, total_tokens=16, max_beam_width=4)
+
+
+@pytest.fixture
+def engine(cfg, ckpt, tmp_path) -> Path:
+    return build_engine(cfg, ckpt, tmp_path / "engines" / "tiny").engine_dir
+
+
+def test_build_layout_and_manifest(cfg, ckpt, tmp_path):
+    summary = build_engine(cfg, ckpt, tmp_path / "out" / "tiny")
+    root = tmp_path / "out" / "tiny"
+    assert summary.engine_dir == root and summary.validated and summary.message.startswith(f"built '{root}'")
+    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    assert files == [
+        "draft/config.json", "draft/model.safetensors", "eagle_config.yaml", "manifest.json",
+        "target/config.json", "target/generation_config.json", "target/model.safetensors",
+        "tokenizer/chat_template.jinja", "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json",
+    ]  # fmt: skip
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["tiny"]  # temp dir renamed away
+    assert root.stat().st_mode & 0o777 == 0o755  # not mkdtemp's private 0700
+    m = json.loads((root / "manifest.json").read_text())
+    assert set(m) == {"format_version", "name", "backend", "created_by", "dtype", "kv_cache_dtype",
+                      "tree_limits", "io_limits", "target", "draft", "files"}  # fmt: skip
+    assert m["target"] == {"architecture": "LlamaForCausalLM", "hidden_size": 64, "num_layers": 8, "vocab_size": 260}
+    assert m["draft"] == {"hidden_size": 64, "draft_vocab_size": 32, "aux_layer_ids": AUX}
+    assert m["tree_limits"]["draft_length"] == 4 and m["io_limits"]["max_input_len"] == 512
+    assert m["kv_cache_dtype"] == "float32" and set(m["created_by"]) >= {"torch", "python", "eagle_trt"}
+    assert set(m["files"]) == set(files) - {"manifest.json"} == set(summary.files)
+    for rel, entry in m["files"].items():
+        assert entry == {"sha256": sha256_file(root / rel), "bytes": (root / rel).stat().st_size}
+    resolved = load_config(root / "eagle_config.yaml")
+    assert resolved.checkpoint_dir == str(ckpt) and resolved.kv_cache_dtype == "float32"
+    assert resolved.eagle_architecture == EagleArchitecture(
+        hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=1, max_position_embeddings=1024
+    )
+
+
+def test_dry_run_writes_nothing(cfg, ckpt, tmp_path):
+    summary = build_engine(cfg, ckpt, tmp_path / "out" / "tiny", dry_run=True)
+    assert summary.validated and summary.files == {} and "nothing written" in summary.message
+    assert not (tmp_path / "out").exists()
+
+
+def test_two_builds_are_byte_identical(cfg, ckpt, tmp_path):
+    a = read_manifest(build_engine(cfg, ckpt, tmp_path / "a").engine_dir).files
+    b = read_manifest(build_engine(cfg, ckpt, tmp_path / "b").engine_dir).files
+    assert a == b
+
+
+def test_rebuild_replaces_old_engine(cfg, ckpt, engine):
+    (engine / "stale.txt").write_text("old")
+    build_engine(cfg, ckpt, engine)
+    assert not (engine / "stale.txt").exists()
+    assert [p.name for p in engine.parent.iterdir()] == ["tiny"]
+    with pytest.raises(InputError) as info:
+        build_engine(cfg, ckpt, engine, overwrite=False)
+    assert str(info.value) == f"engine dir '{engine}' already exists; remove it or allow overwriting"
+
+
+def test_float16_casts_floats_only(cfg, ckpt, tmp_path):
+    root = build_engine(cfg.model_copy(update={"dtype": "float16"}), ckpt, tmp_path / "fp16").engine_dir
+    with safe_open(str(root / "draft" / "model.safetensors"), "pt") as fh:
+        assert fh.get_tensor("fc.weight").dtype == torch.float16
+        assert fh.get_tensor("d2t").dtype == torch.int64
+        assert fh.metadata() == {"format": "pt"}
+    with safe_open(str(root / "target" / "model.safetensors"), "pt") as fh:
+        assert {fh.get_tensor(k).dtype for k in fh.keys()} == {torch.float16}
+    assert json.loads((root / "target" / "config.json").read_text())["dtype"] == "float16"
+    assert read_manifest(root).kv_cache_dtype == "float16"
+
+
+def test_official_midlayer_names_are_kept(cfg, ckpt, tmp_path):
+    # The runtime tells official heads from modelopt ones by these names, so they must survive.
+    save_file(draft_tensors(official=True), str(ckpt / "draft" / "model.safetensors"))
+    root = build_engine(cfg, ckpt, tmp_path / "e").engine_dir
+    with safe_open(str(root / "draft" / "model.safetensors"), "pt") as fh:
+        assert "midlayer.hidden_norm.weight" in fh.keys()
+
+
+def test_flat_aux_ids_win_and_reach_engine(cfg, ckpt, tmp_path):
+    (ckpt / "draft" / "config.json").write_text(json.dumps(draft_config(eagle_aux_hidden_state_layer_ids=[2, 5, 6])))
+    root = build_engine(cfg, ckpt, tmp_path / "e").engine_dir
+    draft = json.loads((root / "draft" / "config.json").read_text())
+    assert draft["eagle_aux_hidden_state_layer_ids"] == [2, 5, 6] == draft["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert read_manifest(root).draft.aux_layer_ids == [2, 5, 6]
+
+
+def test_d2t_out_of_range(cfg, ckpt, tmp_path):
+    tensors = draft_tensors()
+    tensors["d2t"] = torch.full((DRAFT_VOCAB,), 300, dtype=torch.int64)
+    save_file(tensors, str(ckpt / "draft" / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"d2t maps draft ids outside the target vocab \[0, 260\)$"):
+        build_engine(cfg, ckpt, tmp_path / "e", dry_run=True)
+
+
+def test_failed_build_keeps_old_engine_and_leaves_no_temp(cfg, ckpt, engine, monkeypatch):
+    import eagle_trt.engine.builder as builder
+
+    before = read_manifest(engine)
+
+    def broken(cfg, plan, root):
+        (root / "half-written").write_text("x")
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(builder, "_write_engine", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        build_engine(cfg, ckpt, engine)
+    assert [p.name for p in engine.parent.iterdir()] == ["tiny"]
+    assert read_manifest(engine) == before
+
+
+def test_refuses_to_replace_a_non_engine_dir(cfg, ckpt, tmp_path):
+    (tmp_path / "stuff").mkdir()
+    (tmp_path / "stuff" / "notes.txt").write_text("mine")
+    with pytest.raises(InputError) as info:
+        build_engine(cfg, ckpt, tmp_path / "stuff")
+    assert str(info.value) == f"refusing to replace '{tmp_path / 'stuff'}': it is not empty and has no manifest.json"
+
+
+def test_open_engine(engine):
+    eng = open_engine(engine)
+    assert eng.root == engine and eng.config.name == "tiny" and eng.manifest.draft.aux_layer_ids == AUX
+    assert (eng.target_dir / "model.safetensors").is_file() and (eng.draft_dir / "config.json").is_file()
+    assert (eng.tokenizer_dir / "tokenizer.json").is_file()
+
+
+def test_tampered_byte(engine):
+    path = engine / "draft" / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    open_engine(engine, verify=False)  # same size: only hashing can tell
+    with pytest.raises(EngineIntegrityError, match=rf"^engine file '{path}' does not match its sha256 in manifest.json \("):
+        open_engine(engine)
+
+
+def test_truncated_file(engine):
+    path = engine / "target" / "model.safetensors"
+    size = path.stat().st_size
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(EngineIntegrityError) as info:
+        open_engine(engine, verify=False)
+    assert str(info.value) == f"engine file '{path}' has 1000 bytes, manifest.json says {size} (truncated or replaced)"
+
+
+def test_missing_manifest(engine):
+    (engine / "manifest.json").unlink()
+    with pytest.raises(EngineIntegrityError) as info:
+        open_engine(engine, verify=False)
+    assert str(info.value) == (
+        f"'{engine / 'manifest.json'}' not found: '{engine}' is not an engine dir or its build did not finish"
+    )
+
+
+def test_unparseable_manifest(engine):
+    (engine / "manifest.json").write_text("{not json")
+    with pytest.raises(EngineIntegrityError, match=r"manifest.json' is not valid JSON: "):
+        open_engine(engine)
+
+
+def test_deleted_file(engine):
+    (engine / "tokenizer" / "tokenizer.json").unlink()
+    with pytest.raises(EngineIntegrityError) as info:
+        open_engine(engine)
+    assert str(info.value) == f"engine file '{engine / 'tokenizer' / 'tokenizer.json'}' is missing (listed in manifest.json)"
+
+
+def test_extra_weight_file(engine):
+    (engine / "draft" / "extra.safetensors").write_bytes(b"x")
+    with pytest.raises(EngineIntegrityError) as info:
+        open_engine(engine)
+    assert str(info.value) == f"engine dir '{engine}' has a weight file not in manifest.json: 'draft/extra.safetensors'"
+
+
+def test_missing_engine_dir(tmp_path):
+    with pytest.raises(CheckpointError, match=r"^engine dir '.*nope' not found$"):
+        open_engine(tmp_path / "nope")
+
+
+def test_head_hidden_size_mismatch(cfg, ckpt, tmp_path):
+    (ckpt / "draft" / "config.json").write_text(json.dumps(draft_config(hidden_size=32)))
+    with pytest.raises(CheckpointError) as info:
+        build_engine(cfg, ckpt, tmp_path / "e")
+    assert str(info.value) == (
+        f"draft hidden_size (32) in '{ckpt / 'draft' / 'config.json'}' does not match the target "
+        f"hidden_size (64) in '{ckpt / 'target' / 'config.json'}'"
+    )
+    assert not (tmp_path / "e").exists()
+
+
+def test_head_tensor_shape_mismatch_names_file(cfg, ckpt, tmp_path):
+    save_file(draft_tensors(hidden=32), str(ckpt / "draft" / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"model.safetensors': fc.weight has shape \[32, 96\], expected \[64, 192\]"):
+        build_engine(cfg, ckpt, tmp_path / "e")
+
+
+def test_config_architecture_mismatch(cfg, ckpt, tmp_path):
+    arch = dict(hidden_size=576, num_attention_heads=4, intermediate_size=128, num_hidden_layers=1, max_position_embeddings=1024)
+    bad = cfg.model_copy(update={"eagle_architecture": EagleArchitecture(**arch)})
+    with pytest.raises(ConfigError) as info:
+        build_engine(bad, ckpt, tmp_path / "e", dry_run=True)
+    assert str(info.value) == (
+        f"eagle_architecture.hidden_size (576) does not match hidden_size (64) of the target in '{ckpt / 'target' / 'config.json'}'"
+    )
+    bad = cfg.model_copy(update={"eagle_architecture": EagleArchitecture(**{**arch, "hidden_size": 64, "num_attention_heads": 9})})
+    with pytest.raises(ConfigError, match=r"^eagle_architecture.num_attention_heads \(9\) does not match num_attention_heads \(4\) in '"):
+        build_engine(bad, ckpt, tmp_path / "e", dry_run=True)
+
+
+def test_io_limits_must_fit_target(ckpt, tmp_path):
+    with pytest.raises(ConfigError, match=r"^max_input_len \(2048\) \+ max_output_len \(512\) = 2560 exceeds max_position_embeddings \(1024\)"):
+        build_engine(EagleConfig(), ckpt, tmp_path / "e", dry_run=True)
+
+
+def test_missing_checkpoint(cfg, tmp_path):
+    with pytest.raises(CheckpointError) as info:
+        build_engine(cfg, tmp_path / "nope", tmp_path / "e")
+    assert str(info.value) == f"checkpoint dir '{tmp_path / 'nope'}' not found"
+    with pytest.raises(InputError, match="^no checkpoint dir: set checkpoint_dir in the config or pass --checkpoint$"):
+        build_engine(cfg, None, tmp_path / "e")
+
+
+def test_missing_draft_weights(cfg, ckpt, tmp_path):
+    (ckpt / "draft" / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"^draft weights '.*draft/model.safetensors' not found$"):
+        build_engine(cfg, ckpt, tmp_path / "e")
+
+
+def test_trtllm_backend_not_available_yet(cfg, ckpt):
+    with pytest.raises(MissingDependencyError, match="backend 'trtllm' is not available yet"):
+        build_engine(cfg.model_copy(update={"backend": "trtllm"}), ckpt, dry_run=True)
