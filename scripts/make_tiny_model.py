@@ -52,7 +52,8 @@ def make_tokenizer():
     return fast
 
 
-def make_tiny_model(output: str | Path, seed: int = 0, init_std: float = 0.08, **overrides) -> Path:
+def make_tiny_model(output: str | Path, seed: int = 0, init_std: float = 0.08, with_tokenizer: bool = True,
+                    **overrides) -> Path:
     """Create the model dir and return its path. `overrides` change TINY_CONFIG fields."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -63,9 +64,10 @@ def make_tiny_model(output: str | Path, seed: int = 0, init_std: float = 0.08, *
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg).float().eval()
     model.save_pretrained(output, safe_serialization=True)
-    tok = make_tokenizer()
-    assert len(tok) == cfg.vocab_size, (len(tok), cfg.vocab_size)
-    tok.save_pretrained(output)
+    if with_tokenizer:  # the byte tokenizer needs vocab_size 260
+        tok = make_tokenizer()
+        assert len(tok) == cfg.vocab_size, (len(tok), cfg.vocab_size)
+        tok.save_pretrained(output)
     return output
 
 

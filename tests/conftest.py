@@ -1,6 +1,7 @@
 """Shared fixtures: tiny random models built from inline configs (nothing is downloaded)."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -8,18 +9,22 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+# Tiny models are dominated by per-op overhead, where a second OpenMP thread only adds waiting (badly so
+# when the machine is busy). One thread keeps the suite fast and its timing stable.
+torch.set_num_threads(int(os.environ.get("EAGLE_TRT_TEST_THREADS", "1")))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from make_tiny_model import TINY_CONFIG, make_tiny_model  # noqa: E402
 
 
-def write_random_head(out: Path, seed: int = 1, aux=(1, 3, 4), draft_vocab: int | None = None, scale=0.1) -> Path:
+def write_random_head(out: Path, seed: int = 1, aux=(1, 3, 4), draft_vocab: int | None = None, scale=0.1,
+                      vocab: int | None = None) -> Path:
     """A random EAGLE-3 head in modelopt's export layout for the tiny target (no modelopt needed)."""
     from safetensors.torch import save_file
 
     c = TINY_CONFIG
     h, nh, kv, hd, inter, v = (c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"],
-                               c["intermediate_size"], c["vocab_size"])
+                               c["intermediate_size"], vocab or c["vocab_size"])
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g) * scale  # noqa: E731
     p = "layers.0."

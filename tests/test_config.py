@@ -97,7 +97,6 @@ def test_negative_values_one_line_each(tmp_path):
         ("tree: static\n", "cfg.yaml: tree is 'static' but static_tree is empty or missing"),
         ("tree: static\nstatic_tree: [[0], [1, 0]]\n", "cfg.yaml: static_tree[1] [1, 0] needs its prefix [1] in static_tree"),
         ("tree: static\nstatic_tree: [[0], [-1]]\n", "cfg.yaml: static_tree[1][0]: Input should be greater than or equal to 0 (got -1)"),
-        ("kv_cache_dtype: fp8\n", "cfg.yaml: kv_cache_dtype (fp8) needs backend trtllm (got backend torch)"),
         ("draft_length: '6'\n", "cfg.yaml: draft_length: Input should be a valid integer (got '6')"),
         ("dtype: fp16\n", "cfg.yaml: dtype: Input should be 'float32', 'float16' or 'bfloat16' (got 'fp16')"),
         ("confidence_threshold: 1\n", "cfg.yaml: confidence_threshold: Input should be less than 1 (got 1)"),
@@ -111,6 +110,13 @@ def test_field_and_cross_field_errors(tmp_path, text, expected):
         assert len(message.splitlines()) == 4
     else:
         assert message == expected
+
+
+def test_fp8_kv_cache_on_either_backend(tmp_path):
+    # The torch runtime stores float8_e4m3fn with per-layer scales, so fp8 no longer needs trtllm.
+    for backend in ("torch", "trtllm"):
+        cfg = load_config(write(tmp_path, f"kv_cache_dtype: fp8\nbackend: {backend}\n"))
+        assert cfg.resolved_kv_cache_dtype == "fp8"
 
 
 def test_static_tree_accepted(tmp_path):

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from eagle_trt.config import EagleArchitecture, EagleConfig, load_config
 from eagle_trt.engine import build_engine, open_engine, read_manifest, sha256_file
-from eagle_trt.errors import CheckpointError, ConfigError, EngineIntegrityError, InputError, MissingDependencyError
+from eagle_trt.errors import CheckpointError, ConfigError, EngineIntegrityError, InputError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from make_tiny_model import make_tiny_model  # noqa: E402
@@ -53,6 +53,11 @@ def draft_config(**changes) -> dict:
         eagle_config={"eagle_aux_hidden_state_layer_ids": AUX, "use_aux_hidden_state": True},
     )  # fmt: skip
     return {**cfg, **changes}
+
+
+def kv_scales(layers: int = 8) -> dict[str, torch.Tensor]:
+    return {"target.k_scales": torch.full((layers,), 0.02), "target.v_scales": torch.full((layers,), 0.03),
+            "draft.k_scales": torch.full((1,), 0.05), "draft.v_scales": torch.full((1,), 0.04)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -302,6 +307,63 @@ def test_missing_draft_weights(cfg, ckpt, tmp_path):
         build_engine(cfg, ckpt, tmp_path / "e")
 
 
-def test_trtllm_backend_not_available_yet(cfg, ckpt):
-    with pytest.raises(MissingDependencyError, match="backend 'trtllm' is not available yet"):
-        build_engine(cfg.model_copy(update={"backend": "trtllm"}), ckpt, dry_run=True)
+def test_kv_scales_copied_and_listed(cfg, ckpt, tmp_path):
+    save_file(kv_scales(), str(ckpt / "kv_scales.safetensors"))
+    root = build_engine(cfg.model_copy(update={"kv_cache_dtype": "fp8"}), ckpt, tmp_path / "e").engine_dir
+    assert (root / "kv_scales.safetensors").read_bytes() == (ckpt / "kv_scales.safetensors").read_bytes()
+    m = read_manifest(root)
+    assert "kv_scales.safetensors" in m.files and m.kv_cache_dtype == "fp8"
+
+
+def test_kv_scales_absent_is_fine(cfg, ckpt, tmp_path):
+    root = build_engine(cfg.model_copy(update={"kv_cache_dtype": "fp8"}), ckpt, tmp_path / "e").engine_dir
+    assert not (root / "kv_scales.safetensors").exists()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"target.k_scales": torch.ones(3)}, r"target.k_scales is float32\[3\], expected float32\[8\]$"),
+        ({"draft.v_scales": torch.ones(1, dtype=torch.float16)}, r"draft.v_scales is float16\[1\], expected float32\[1\]$"),
+        ({"target.v_scales": torch.zeros(8)}, r"target.v_scales must be finite and > 0$"),
+        ({"extra": torch.ones(1)}, r"must hold exactly \['draft.k_scales'"),
+    ],
+)
+def test_bad_kv_scales(cfg, ckpt, tmp_path, change, message):
+    save_file({**kv_scales(), **change}, str(ckpt / "kv_scales.safetensors"))
+    with pytest.raises(CheckpointError, match=message):
+        build_engine(cfg, ckpt, tmp_path / "e", dry_run=True)
+
+
+def eagle1_tensors() -> dict[str, torch.Tensor]:
+    """A random EAGLE-1/2 head: fc over [embedding ; hidden], one plain Llama layer without input_layernorm."""
+    g = torch.Generator().manual_seed(1)
+    shapes = {
+        "fc.weight": [H, 2 * H], "fc.bias": [H],
+        "layers.0.self_attn.q_proj.weight": [HEADS * HD, H], "layers.0.self_attn.k_proj.weight": [KV * HD, H],
+        "layers.0.self_attn.v_proj.weight": [KV * HD, H], "layers.0.self_attn.o_proj.weight": [H, HEADS * HD],
+        "layers.0.mlp.gate_proj.weight": [INTER, H], "layers.0.mlp.up_proj.weight": [INTER, H],
+        "layers.0.mlp.down_proj.weight": [H, INTER], "layers.0.post_attention_layernorm.weight": [H],
+    }  # fmt: skip
+    return {k: torch.randn(s, generator=g) for k, s in shapes.items()}
+
+
+def test_eagle1_head_needs_trtllm(cfg, ckpt, tmp_path):
+    save_file(eagle1_tensors(), str(ckpt / "draft" / "model.safetensors"))
+    (ckpt / "draft" / "config.json").write_text(json.dumps(draft_config(draft_vocab_size=260)))
+    with pytest.raises(CheckpointError, match=r"is an EAGLE-1/2 head \(fc.weight \[64, 128\], no hidden_norm\); "
+                       r"the torch backend runs EAGLE-3 heads only$") as info:
+        build_engine(cfg, ckpt, tmp_path / "e", dry_run=True)
+    assert "--backend trtllm" in info.value.hint
+    trt = cfg.model_copy(update={"backend": "trtllm", "dtype": "float16"})
+    assert build_engine(trt, ckpt, tmp_path / "e", dry_run=True).head == "eagle1"
+
+
+def test_fp8_kv_allowed_on_torch(cfg, ckpt, tmp_path):
+    summary = build_engine(cfg.model_copy(update={"kv_cache_dtype": "fp8"}), ckpt, tmp_path / "e", dry_run=True)
+    assert summary.kv_cache_dtype == "fp8" and summary.backend == "torch"
+
+
+def test_trtllm_rejects_float32(cfg, ckpt, tmp_path):
+    with pytest.raises(ConfigError, match=r"^dtype float32 is not supported by backend trtllm \(use float16 or bfloat16\)$"):
+        build_engine(cfg.model_copy(update={"backend": "trtllm"}), ckpt, tmp_path / "e", dry_run=True)

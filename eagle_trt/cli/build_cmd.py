@@ -1,4 +1,4 @@
-"""`eagle-trt build`: checkpoint + eagle_config.yaml -> engine dir (atomic, hashed)."""
+"""`eagle-trt build`: checkpoint + eagle_config.yaml -> engine dir (atomic, hashed, deterministic)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from eagle_trt.cli.common import EXIT_CODES_HELP, JsonOpt, console, handle_errors, print_json
+from eagle_trt.cli.common import EXIT_CODES_HELP, JsonOpt, console, err_console, handle_errors, print_json
 
 
 def build(
@@ -16,35 +16,47 @@ def build(
     checkpoint: Annotated[Optional[Path], typer.Option(
         help="Checkpoint dir from `eagle-trt convert` (overrides checkpoint_dir in the config).")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Engine dir (default engines/<name>).")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check everything, write nothing.")] = False,
+    backend: Annotated[Optional[str], typer.Option(
+        help="torch or trtllm (overrides backend in the config). trtllm also writes extra_llm_api_options.yaml, "
+        "serve.sh and bench.sh for TensorRT-LLM, and validates them where TensorRT-LLM and a GPU exist.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check everything (paths, head vs target shapes, "
+                                          "dtypes and tree limits of the backend); write nothing.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Build an engine dir: weights in the engine dtype, tokenizer, manifest.json with sha256 of every file.
 
     The write is atomic (temp dir, then rename): a failed build leaves any previous engine untouched.
+    The same inputs give byte-identical files. --json prints one JSON object: engine dir, backend,
+    dtypes, per-file bytes and sha256, build seconds.
 
-    Example: eagle-trt build --config configs/eagle_config.yaml --checkpoint checkpoints/smollm2
+    Example: eagle-trt build --config configs/eagle_config.yaml --checkpoint checkpoints/smollm2 --json
     """
-    handle_errors(_build)(config, checkpoint, output, dry_run, json_out)
+    handle_errors(_build)(config, checkpoint, output, backend, dry_run, json_out)
 
 
-build.__doc__ += "\n\n" + EXIT_CODES_HELP
+build.__doc__ += "\n\n    " + EXIT_CODES_HELP  # indented like the docstring, so help dedents it
 
 
-def _build(config, checkpoint, output, dry_run, json_out) -> None:
+def _build(config, checkpoint, output, backend, dry_run, json_out) -> None:
     from dataclasses import asdict
 
-    from eagle_trt.config import load_config
+    from eagle_trt.config import load_config, override_config
     from eagle_trt.engine.builder import build_engine
 
-    cfg = load_config(config)
+    cfg = override_config(load_config(config), {"backend": backend}, source="--backend")
     summary = build_engine(cfg, checkpoint_dir=checkpoint, output_dir=output, dry_run=dry_run)
+    for warning in summary.warnings:
+        err_console.print(f"Warning: {warning}", soft_wrap=True, markup=False)
+    if summary.trtllm is not None and not summary.trtllm["validated"]:
+        err_console.print(f"Not validated on TensorRT-LLM: {summary.trtllm['reason']}; the bundle was written "
+                          "and is ready for a machine that has it.", soft_wrap=True, markup=False)
     data = asdict(summary)
     if json_out:
         print_json(data)
         return
     if dry_run:
-        console.print(f"[green]Dry run OK:[/] {summary.engine_dir} would be built (nothing written)")
+        console.print(f"[green]Dry run OK:[/] {summary.engine_dir} would be built "
+                      f"({summary.backend}, {summary.head}, {summary.dtype}, kv {summary.kv_cache_dtype}); nothing written")
         return
     table = Table(title=f"engine {summary.engine_dir}", title_justify="left")
     table.add_column("file")
@@ -55,5 +67,5 @@ def _build(config, checkpoint, output, dry_run, json_out) -> None:
     console.print(table)
     console.print(f"[green]Built[/] {summary.engine_dir} ({summary.backend}, {summary.dtype}, "
                   f"kv {summary.kv_cache_dtype}) in {summary.seconds:.1f}s")
-    if getattr(summary, "message", None):
-        console.print(summary.message)
+    if summary.trtllm is not None and summary.trtllm["validated"]:
+        console.print(f"[green]Validated on TensorRT-LLM {summary.trtllm['tensorrt_llm']}[/] (loaded with LLM(...))")

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from eagle_trt.errors import EXIT_FAILURE, EagleError
 
@@ -30,9 +31,9 @@ def debug_enabled() -> bool:
 
 
 def fail(message: str, code: int, hint: str | None = None) -> None:
-    err_console.print(f"[bold red]Error:[/] {message}", soft_wrap=True)
+    err_console.print(f"[bold red]Error:[/] {escape(message)}", soft_wrap=True)
     if hint:
-        err_console.print(f"  hint: {hint}", soft_wrap=True)
+        err_console.print(f"  hint: {escape(hint)}", soft_wrap=True)
     raise typer.Exit(code)
 
 

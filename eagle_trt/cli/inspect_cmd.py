@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.syntax import Syntax
 
-from eagle_trt.cli.common import JsonOpt, SkipVerifyOpt, console, handle_errors, print_json
-from pathlib import Path
+from eagle_trt.cli.common import EXIT_CODES_HELP, JsonOpt, SkipVerifyOpt, console, handle_errors, print_json
 
 
 def inspect(
@@ -17,20 +17,29 @@ def inspect(
     json_out: JsonOpt = False,
     skip_verify: SkipVerifyOpt = False,
 ) -> None:
-    """Verify an engine's files against its manifest and print the manifest.
+    """Verify an engine's files against its manifest (sizes and sha256) and print the manifest.
+
+    A tampered, truncated or half-written engine is refused with the file it concerns.
 
     Example: eagle-trt inspect engines/smollm2-135m-eagle3
     """
     handle_errors(_inspect)(engine, json_out, skip_verify)
 
 
+inspect.__doc__ += "\n\n    " + EXIT_CODES_HELP  # indented like the docstring, so help dedents it
+
+
 def _inspect(engine, json_out, skip_verify) -> None:
     from eagle_trt.engine.engine_dir import open_engine
 
     eng = open_engine(engine, verify=not skip_verify)
-    manifest = eng.manifest.model_dump(mode="json") if hasattr(eng.manifest, "model_dump") else eng.manifest
+    manifest = eng.manifest.model_dump(mode="json")
     if json_out:
         print_json(manifest)
         return
     console.print(Syntax(json.dumps(manifest, indent=2), "json", word_wrap=True))
-    console.print(f"[green]{'files not verified' if skip_verify else 'all file hashes match'}[/]")
+    console.print(f"[green]{'files not verified (--skip-verify)' if skip_verify else 'all file hashes match'}[/]")
+    if "serve.sh" in manifest["files"]:
+        console.print(f"TensorRT-LLM: {Path(engine) / 'serve.sh'} serves it (trtllm-serve, PyTorch backend)")
+    elif "legacy_trt/trtllm_build.sh" in manifest["files"]:
+        console.print(f"TensorRT-LLM: {Path(engine) / 'legacy_trt' / 'trtllm_build.sh'} builds its TensorRT engine")

@@ -62,7 +62,9 @@ class EagleConfig(BaseModel):
         "float32", description="Engine weight dtype (float32 is recommended on CPU)."
     )
     kv_cache_dtype: Literal["auto", "float32", "float16", "bfloat16", "fp8"] = Field(
-        "auto", description="KV-cache dtype; auto means the same as dtype."
+        "auto",
+        description="KV-cache dtype; auto means the same as dtype. fp8 (float8 e4m3 with per-layer scales) "
+        "works on both backends.",
     )
     eagle_architecture: EagleArchitecture | None = Field(
         None, description="Draft head shape; omit (null) to derive it from the checkpoint."
@@ -108,8 +110,6 @@ class EagleConfig(BaseModel):
             raise _cross(
                 f"max_beam_width ({self.max_beam_width}) must be <= total_tokens ({self.total_tokens})"
             )
-        if self.kv_cache_dtype == "fp8" and self.backend != "trtllm":
-            raise _cross(f"kv_cache_dtype (fp8) needs backend trtllm (got backend {self.backend})")
         if self.static_tree is not None and self.tree != "static":
             raise _cross(f"static_tree is set but tree is {self.tree!r}; set tree: static or remove static_tree")
         if self.tree == "static":

@@ -24,6 +24,8 @@ REQUIRED_FILES = (
     "draft/config.json",
     "draft/model.safetensors",
 )
+# A trtllm engine holds either the LLM-API bundle (EAGLE-3) or the legacy checkpoint (EAGLE-1/2).
+TRTLLM_REQUIRED = (("extra_llm_api_options.yaml", "serve.sh"), ("legacy_trt/config.json", "legacy_trt/trtllm_build.sh"))
 # Files a runtime could load as weights: one the manifest does not list was put there by hand.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".engine", ".onnx", ".npz")
 _HINT = "rebuild the engine with `eagle-trt build`"
@@ -65,6 +67,10 @@ def open_engine(path: str | Path, verify: bool = True) -> EngineDir:
     for rel in REQUIRED_FILES:
         if rel not in manifest.files:
             raise EngineIntegrityError(f"'{root / MANIFEST_NAME}' does not list required file '{rel}'", hint=_HINT)
+    if manifest.backend == "trtllm" and not any(all(r in manifest.files for r in group) for group in TRTLLM_REQUIRED):
+        raise EngineIntegrityError(
+            f"'{root / MANIFEST_NAME}' lists no TensorRT-LLM bundle ({' + '.join(TRTLLM_REQUIRED[0])})", hint=_HINT
+        )
     for rel, entry in manifest.files.items():
         file = root / rel
         if not file.is_file():

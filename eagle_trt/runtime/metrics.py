@@ -23,6 +23,11 @@ class GenerationMetrics:
     total_s: float = 0.0
     steps: list[StepRecord] = field(default_factory=list)
     stop_reason: str = ""
+    temperature: float = 0.0
+    lossy: bool = False  # typical acceptance was on: output may differ from the target's distribution
+    rejections: int = 0  # sampled draft tokens rejected (T > 0 or typical acceptance)
+    fallbacks: int = 0  # times the loop switched to plain decoding after repeated misses
+    fallback_tokens: int = 0  # tokens produced by those plain-decoding stretches
 
     @property
     def verify_steps(self) -> int:
@@ -78,4 +83,9 @@ class GenerationMetrics:
             "mean_tree_size": round(sum(s.tree_size for s in self.steps) / max(len(self.steps), 1), 2),
             "tree_utilization": round(self.tree_utilization, 4),
             "stop_reason": self.stop_reason,
+            "temperature": self.temperature,
+            "lossy": self.lossy,
+            "rejections": self.rejections,
+            "fallbacks": self.fallbacks,
+            "fallback_tokens": self.fallback_tokens,
         }

@@ -22,8 +22,9 @@ from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.runtime.drafter import Drafter
 from eagle_trt.runtime.metrics import GenerationMetrics, StepRecord
+from eagle_trt.speculative.sampling import SamplingParams, processed_probs, sample
 from eagle_trt.speculative.tree import DEFAULT_STATIC_TREE, chain_choices, static_layout, trim_choices
-from eagle_trt.speculative.verify import verify_greedy
+from eagle_trt.speculative.verify import verify_greedy, verify_sampling
 
 
 @dataclass
@@ -37,6 +38,24 @@ class DecodeOptions:
     confidence_threshold: float = 0.0
     static_tree: list[list[int]] | None = None
     eos_token_ids: list[int] | None = None  # None: the target's own
+    # Sampling (temperature 0 = greedy). The target's processed distribution is the same in every mode.
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    posterior_threshold: float | None = None  # typical acceptance: LOSSY, opt-in
+    posterior_alpha: float = 0.3
+    # After `fallback_after` verify steps in a row with nothing accepted, decode `fallback_tokens` plainly.
+    fallback_after: int = 2
+    fallback_tokens: int = 8
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed)
+
+    @property
+    def lossy(self) -> bool:
+        return self.posterior_threshold is not None and self.mode == "eagle"
 
     def tree_capacity(self) -> int:
         """Upper bound of tree nodes (root included) and of draft scratch slots."""
@@ -70,8 +89,14 @@ class Runner:
                  on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
         self._check_prompt(prompt_ids, opts)
         eos = set(opts.eos_token_ids if opts.eos_token_ids is not None else self.target.spec.eos_token_ids)
-        metrics = GenerationMetrics(mode=opts.mode if self.head is not None else "ar", prompt_tokens=len(prompt_ids))
+        metrics = GenerationMetrics(mode=opts.mode if self.head is not None else "ar", prompt_tokens=len(prompt_ids),
+                                    temperature=opts.temperature, lossy=opts.lossy)
         out: list[int] = []
+        self._params = opts.sampling
+        self._gen = None
+        if not self._params.greedy:
+            self._gen = torch.Generator().manual_seed(opts.seed if opts.seed is not None else
+                                                      int(torch.randint(0, 2**62, ())))
 
         def emit(tokens: list[int]) -> bool:
             """Append tokens up to a stop; return True when generation is over."""
@@ -95,13 +120,25 @@ class Runner:
         return GenerationResult(out, metrics, list(prompt_ids))
 
     # ---- loops ------------------------------------------------------------------------------------
+    def _pick(self, logits: torch.Tensor) -> int:
+        """The next token from one row of target logits: argmax, or a draw from the processed p."""
+        if self._params.greedy:
+            return int(logits.argmax())
+        return sample(processed_probs(logits, self._params), self._gen)
+
     def _prefill(self, ids: torch.Tensor, need_aux: bool) -> tuple[int, torch.Tensor | None]:
         self.cache.length = 0
         p = ids.numel()
         logits, aux = self.target.forward(ids, torch.arange(p), self.cache, need_aux=need_aux,
                                           logits_rows=torch.tensor([p - 1]))
         self.cache.length = p
-        return int(logits[-1].argmax()), aux
+        return self._pick(logits[-1]), aux
+
+    def _plain_step(self, tok: int, need_aux: bool) -> tuple[int, torch.Tensor | None]:
+        n = self.cache.length
+        logits, aux = self.target.forward(torch.tensor([tok]), torch.tensor([n]), self.cache, need_aux=need_aux)
+        self.cache.length = n + 1
+        return self._pick(logits[0]), aux
 
     def _generate_ar(self, prompt_ids, emit, metrics) -> None:
         t = time.perf_counter()
@@ -110,10 +147,7 @@ class Runner:
         done = emit([tok])
         while not done:
             t = time.perf_counter()
-            n = self.cache.length
-            logits, _ = self.target.forward(torch.tensor([tok]), torch.tensor([n]), self.cache)
-            self.cache.length = n + 1
-            tok = int(logits[0].argmax())
+            tok, _ = self._plain_step(tok, need_aux=False)
             metrics.steps.append(StepRecord(0, 0, 0, 0.0, time.perf_counter() - t))
             done = emit([tok])
 
@@ -134,7 +168,24 @@ class Runner:
         # Draft position t reads (feature_t, token_{t+1}): shift the prompt by one and append the root.
         self.drafter.extend(aux, torch.cat([ids[1:], torch.tensor([root])]))
         carry_draft_s = time.perf_counter() - t
+        misses = 0  # verify steps in a row that accepted no draft token
         while True:
+            if opts.fallback_after and misses >= opts.fallback_after:
+                # The head keeps missing: decode plainly for a while (same target, same p: still lossless),
+                # then catch the head up on the new tokens in one batch.
+                metrics.fallbacks += 1
+                feats, nexts = [], []
+                for _ in range(opts.fallback_tokens):
+                    nxt, feat = self._plain_step(root, need_aux=True)
+                    feats.append(feat)
+                    nexts.append(nxt)
+                    metrics.fallback_tokens += 1
+                    if emit([nxt]):
+                        return
+                    root = nxt
+                t = time.perf_counter()
+                self.drafter.extend(torch.cat(feats), torch.tensor(nexts))
+                carry_draft_s, misses = time.perf_counter() - t, 0
             n = self.cache.length
             t_draft = time.perf_counter()
             if layout is None:
@@ -145,7 +196,14 @@ class Runner:
             t_verify = time.perf_counter()
             # One target forward over root + tree; node i sits at position n + depth(i).
             logits, aux = self.target.forward(tree.tokens, tree.positions(n), self.cache, tree.mask, need_aux=True)
-            path, bonus = verify_greedy(tree, logits.argmax(dim=-1))
+            if self._params.greedy and opts.posterior_threshold is None:
+                path, bonus = verify_greedy(tree, logits.argmax(dim=-1))
+            else:
+                outcome = verify_sampling(tree, processed_probs(logits, self._params) if not self._params.greedy
+                                          else torch.softmax(logits.float(), -1), self._gen,
+                                          opts.posterior_threshold, opts.posterior_alpha)
+                path, bonus = outcome.path, outcome.bonus
+                metrics.rejections += outcome.rejections
             # Keep the accepted path's K/V, packed right after the prefix; the rest is dead space.
             self.cache.compact(n, path)
             self.cache.length = n + path.numel()
@@ -154,6 +212,7 @@ class Runner:
             step = StepRecord(len(accepted), tree.size, tree.depth, carry_draft_s + (t_verify - t_draft),
                               t_done - t_verify)
             metrics.steps.append(step)
+            misses = misses + 1 if not accepted else 0
             if emit(accepted + [bonus]):
                 return
             root = bonus

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from eagle_trt.errors import CheckpointError, InputError, MissingDependencyError
+from eagle_trt.errors import CheckpointError, InputError
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.kv_cache import resolve_kv_dtype
 from eagle_trt.models.llama import LlamaTarget
@@ -44,9 +44,11 @@ class Session:
         engine = open_engine(engine_path, verify=verify)
         cfg = engine.config
         if cfg.backend != "torch":
-            raise MissingDependencyError(
-                f"{engine_path}: backend '{cfg.backend}' engines run with TensorRT-LLM, which is not installed",
-                hint="pip install 'eagle-trt[trtllm]' on Linux x86-64/aarch64 with Python 3.10 or 3.12 and CUDA")
+            # The one module that imports tensorrt_llm: exit 3 with the install hint where it is absent,
+            # else generation goes through TensorRT-LLM's LLM API with the same CLI.
+            from eagle_trt.engine.trtllm_backend import TrtllmRunner
+
+            return cls(engine, TrtllmRunner.open(engine), load_tokenizer(engine.tokenizer_dir))
         dtype = DTYPES[cfg.dtype]
         target = LlamaTarget.load(engine.target_dir, dtype)
         head = Eagle3DraftHead.load(engine.draft_dir, target, dtype)
@@ -92,12 +94,13 @@ class Session:
 
 
 def _kv_scales(path: Path) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The target's FP8 KV scales (target.k_scales / target.v_scales, [num_layers]); (None, None) if absent."""
     if not path.is_file():
         return None, None
     from eagle_trt.models.weights import load_safetensors
 
     t = load_safetensors(path)
-    return t.get("k_scales"), t.get("v_scales")
+    return t.get("target.k_scales"), t.get("target.v_scales")
 
 
 class TextStream:

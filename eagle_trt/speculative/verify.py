@@ -7,6 +7,8 @@ parents, and the bonus token is the argmax after its last node. Output equals pl
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from eagle_trt.speculative.tree import Tree
@@ -26,3 +28,68 @@ def verify_greedy(tree: Tree, target_next: torch.Tensor) -> tuple[torch.Tensor, 
     m = int(accepted[best])
     path = ri[best, : m + 1]
     return path, int(target_next[path[-1]])
+
+
+# ---- sampling (T > 0) ----------------------------------------------------------------------------
+
+def remove_rejected(p: torch.Tensor, token: int) -> torch.Tensor:
+    """Residual after rejecting a deterministic draft token x (q = point mass on x):
+    norm(max(0, p - q)) = p with x zeroed, renormalised."""
+    p = p.clone()
+    p[token] = 0.0
+    total = p.sum()
+    return p / total if total > 0 else p
+
+
+def children_lists(tree: Tree) -> list[list[int]]:
+    kids: list[list[int]] = [[] for _ in range(tree.tokens.numel())]
+    for node, parent in enumerate(tree.parents.tolist()):
+        if parent >= 0:
+            kids[parent].append(node)  # tree order = draft order (best-ranked sibling first)
+    return kids
+
+
+@dataclass
+class SampleOutcome:
+    path: torch.Tensor  # accepted nodes, root first
+    bonus: int
+    rejections: int  # sibling tries that were rejected
+
+
+def verify_sampling(tree: Tree, probs: torch.Tensor, generator: torch.Generator | None,
+                    posterior_threshold: float | None = None, posterior_alpha: float = 0.3) -> SampleOutcome:
+    """Multi-branch rejection sampling over a tree of deterministic (top-k) draft tokens.
+
+    probs: [N+1, V] the target's processed distribution after each node. At the current node try its
+    children in draft order: accept child x with probability min(1, p(x)/q(x)) = p(x) (q is a point mass
+    for a top-k pick); on rejection p <- norm(max(0, p - q)). If no child is accepted, the bonus token is
+    drawn from what is left of p. Each emitted token is therefore distributed exactly as p: this is
+    plain sampling from p that checks the drafted candidates first.
+
+    posterior_threshold (LOSSY, opt-in): typical acceptance instead — accept the first child whose
+    target probability exceeds min(threshold, alpha * exp(-entropy(p))); the bonus is sampled from p.
+    """
+    kids = children_lists(tree)
+    tokens = tree.tokens.tolist()
+    node, path, rejections = 0, [0], 0
+    while True:
+        p = probs[node]
+        chosen = None
+        if posterior_threshold is not None:
+            entropy = -(p * torch.log(p.clamp_min(1e-20))).sum()
+            bar = min(posterior_threshold, posterior_alpha * float(torch.exp(-entropy)))
+            chosen = next((c for c in kids[node] if float(p[tokens[c]]) > bar), None)
+            rejections += len(kids[node]) if chosen is None else kids[node].index(chosen)
+        else:
+            for c in kids[node]:
+                x = tokens[c]
+                if float(torch.rand((), generator=generator)) < float(p[x]):
+                    chosen = c
+                    break
+                rejections += 1
+                p = remove_rejected(p, x)
+        if chosen is None:
+            bonus = int(torch.multinomial(p, 1, generator=generator))
+            return SampleOutcome(torch.tensor(path), bonus, rejections)
+        path.append(chosen)
+        node = chosen

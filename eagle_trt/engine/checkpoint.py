@@ -1,0 +1,234 @@
+"""Read-only checks of a converted checkpoint (the output of `eagle-trt convert`) against a config.
+
+Nothing here writes: `eagle-trt build --dry-run` runs exactly these checks and stops. The result, a
+CheckpointPlan, is everything the builder needs to write an engine dir.
+
+    >>> from eagle_trt.config import load_config
+    >>> from eagle_trt.engine.checkpoint import inspect_checkpoint
+    >>> plan = inspect_checkpoint(load_config("configs/eagle_config.yaml"), Path("ckpt"))  # doctest: +SKIP
+    >>> plan.head_kind, plan.draft_info["aux_layer_ids"]                                  # doctest: +SKIP
+    ('eagle3', [1, 14, 26])
+
+Two draft-head layouts are recognised: EAGLE-3 (one decoder layer reading [embedding ; fused aux
+hidden states], `hidden_norm`, fc over n_aux * hidden) and EAGLE-1/2 (fc over [embedding ; last
+hidden], plain Llama decoder layers). The torch runtime executes EAGLE-3 heads only; EAGLE-1/2 heads
+are accepted for backend trtllm, which writes TensorRT-LLM's legacy engine checkpoint for them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from eagle_trt.config import EagleArchitecture, EagleConfig
+from eagle_trt.engine.head_checks import (
+    check_draft_vocab,
+    check_eagle1_shapes,
+    check_eagle3_shapes,
+    check_kv_scales,
+    head_kind,
+)
+from eagle_trt.errors import CheckpointError, ConfigError
+
+KV_SCALES_NAME = "kv_scales.safetensors"
+
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+)  # fmt: skip
+_TOKENIZER_CORE = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+@dataclass
+class CheckpointPlan:
+    """What inspect_checkpoint found; _write_engine needs nothing else."""
+
+    target_config: dict
+    target_weights: list[Path]
+    target_extra_files: list[Path]
+    tokenizer_files: list[Path]
+    draft_weights: Path
+    engine_draft_config: dict
+    architecture: EagleArchitecture
+    target_info: dict
+    draft_info: dict
+    head_kind: str = "eagle3"  # or "eagle1" (EAGLE-1/2 layout; backend trtllm only)
+    kv_scales: Path | None = None  # CKPT/kv_scales.safetensors, checked, when present
+
+
+def inspect_checkpoint(cfg: EagleConfig, ckpt: Path) -> CheckpointPlan:
+    """Check that ckpt (output of `eagle-trt convert`) exists, is complete and fits cfg."""
+    if not ckpt.is_dir():
+        raise CheckpointError(f"checkpoint dir '{ckpt}' not found", hint="create it with `eagle-trt convert`")
+    tdir, ddir = ckpt / "target", ckpt / "draft"
+    for sub in (tdir, ddir):
+        if not sub.is_dir():
+            raise CheckpointError(
+                f"checkpoint '{ckpt}' has no {sub.name}/ dir (is it `eagle-trt convert` output?)"
+            )
+    tcfg_path, dcfg_path = tdir / "config.json", ddir / "config.json"
+    tcfg = _read_json(tcfg_path)
+    H, L, V, P = (
+        _int(tcfg, k, tcfg_path)
+        for k in ("hidden_size", "num_hidden_layers", "vocab_size", "max_position_embeddings")
+    )
+    target_weights = _target_shards(tdir, [V, H])
+    tokenizer_files = [tdir / n for n in TOKENIZER_FILES if (tdir / n).is_file()]
+    if not any(p.name in _TOKENIZER_CORE for p in tokenizer_files):
+        raise CheckpointError(f"no tokenizer in '{tdir}' (expected one of {', '.join(_TOKENIZER_CORE)})")
+
+    dcfg = _read_json(dcfg_path)
+    dweights = ddir / "model.safetensors"
+    if not dweights.is_file():
+        raise CheckpointError(f"draft weights '{dweights}' not found")
+    arch = _draft_architecture(dcfg, dcfg_path, P)
+    heads_kv = _int(dcfg, "num_key_value_heads", dcfg_path, arch.num_attention_heads)
+    head_dim = _int(dcfg, "head_dim", dcfg_path, arch.hidden_size // arch.num_attention_heads)
+    if cfg.eagle_architecture is not None and cfg.eagle_architecture.hidden_size != H:
+        raise ConfigError(
+            f"eagle_architecture.hidden_size ({cfg.eagle_architecture.hidden_size}) does not match "
+            f"hidden_size ({H}) of the target in '{tcfg_path}'"
+        )
+    if arch.hidden_size != H:
+        raise CheckpointError(
+            f"draft hidden_size ({arch.hidden_size}) in '{dcfg_path}' does not match the target "
+            f"hidden_size ({H}) in '{tcfg_path}'"
+        )
+    if cfg.eagle_architecture is not None:
+        pos_src = dcfg_path if "max_position_embeddings" in dcfg else tcfg_path
+        for name, want in cfg.eagle_architecture.model_dump().items():
+            have = getattr(arch, name)
+            if want != have:
+                src = pos_src if name == "max_position_embeddings" else dcfg_path
+                raise ConfigError(
+                    f"eagle_architecture.{name} ({want}) does not match {name} ({have}) in '{src}'"
+                )
+
+    if cfg.max_input_len + cfg.max_output_len > P:
+        raise ConfigError(
+            f"max_input_len ({cfg.max_input_len}) + max_output_len ({cfg.max_output_len}) = "
+            f"{cfg.max_input_len + cfg.max_output_len} exceeds max_position_embeddings ({P}) "
+            f"of the target in '{tcfg_path}'"
+        )
+
+    raw = _shapes(dweights)
+    # Official EAGLE-3 checkpoints call the decoder layer "midlayer"; check both layouts as one.
+    key_map = {k: "layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k for k in raw}
+    if len(set(key_map.values())) != len(key_map):
+        raise CheckpointError(f"'{dweights}' has both midlayer.* and layers.0.* tensors")
+    shapes = {key_map[k]: s for k, s in raw.items()}
+    kind = head_kind(shapes, H)
+    eagle_cfg = dict(dcfg.get("eagle_config") or {})
+    if kind == "eagle1":
+        if cfg.backend != "trtllm":
+            raise CheckpointError(
+                f"'{dweights}' is an EAGLE-1/2 head (fc.weight {shapes['fc.weight']}, no hidden_norm); "
+                f"the {cfg.backend} backend runs EAGLE-3 heads only",
+                hint="build it with `--backend trtllm`, which writes TensorRT-LLM's legacy EAGLE engine "
+                "checkpoint and its trtllm-build command",
+            )
+        check_eagle1_shapes(shapes, dweights, dcfg_path, arch, heads_kv, head_dim, V)
+        aux: list[int] = []
+    else:
+        # `eagle-trt convert` writes the aux ids flat; modelopt's export nests them in eagle_config.
+        aux = dcfg.get("eagle_aux_hidden_state_layer_ids") or eagle_cfg.get("eagle_aux_hidden_state_layer_ids")
+        aux = aux or sorted({1, max(0, L // 2 - 1), max(0, L - 4)})  # modelopt's EAGLE-3 default
+        if not isinstance(aux, list) or not all(type(i) is int and 0 <= i < L for i in aux):
+            raise CheckpointError(f"aux layer ids {aux} in '{dcfg_path}' are not layers of the {L}-layer target")
+        check_eagle3_shapes(shapes, dweights, dcfg_path, arch, heads_kv, head_dim, len(aux))
+    vocab = check_draft_vocab(shapes, dcfg, dweights, dcfg_path, H, V)
+    kv_scales = check_kv_scales(ckpt / KV_SCALES_NAME, L)
+
+    # The checkpoint's draft config as-is (rope, eps: nothing guessed), plus every resolved shape
+    # field, so the runtime never has to re-derive a default differently from these checks.
+    engine_draft = {**dcfg, **arch.model_dump(), "num_key_value_heads": heads_kv, "head_dim": head_dim}
+    engine_draft.update(vocab_size=V, draft_vocab_size=vocab)
+    if kind == "eagle3":
+        eagle_cfg["eagle_aux_hidden_state_layer_ids"] = aux
+        engine_draft.update(eagle_aux_hidden_state_layer_ids=aux, eagle_config=eagle_cfg)
+    return CheckpointPlan(
+        target_config=tcfg,
+        target_weights=target_weights,
+        target_extra_files=[p for p in [tdir / "generation_config.json"] if p.is_file()],
+        tokenizer_files=tokenizer_files,
+        draft_weights=dweights,
+        engine_draft_config=engine_draft,
+        architecture=arch,
+        target_info={
+            "architecture": (tcfg.get("architectures") or [tcfg.get("model_type") or "unknown"])[0],
+            "hidden_size": H,
+            "num_layers": L,
+            "vocab_size": V,
+        },
+        draft_info={"hidden_size": H, "draft_vocab_size": vocab, "aux_layer_ids": aux},
+        head_kind=kind,
+        kv_scales=kv_scales,
+    )
+
+
+def _draft_architecture(dcfg: dict, path: Path, target_positions: int) -> EagleArchitecture:
+    return EagleArchitecture(
+        hidden_size=_int(dcfg, "hidden_size", path),
+        num_attention_heads=_int(dcfg, "num_attention_heads", path),
+        intermediate_size=_int(dcfg, "intermediate_size", path),
+        num_hidden_layers=_int(dcfg, "num_hidden_layers", path, 1),
+        max_position_embeddings=_int(dcfg, "max_position_embeddings", path, target_positions),
+    )
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"'{path}' not found")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"cannot read '{path}': {exc}") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"'{path}' must hold a JSON object")
+    return data
+
+
+def _int(data: dict, key: str, path: Path, default: int | None = None) -> int:
+    value = data.get(key)
+    if value is None:
+        value = default  # absent or null ("head_dim": null is common)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise CheckpointError(f"'{path}' needs a positive integer {key} (got {value!r})")
+    return value
+
+
+def _target_shards(tdir: Path, embed_shape: list[int]) -> list[Path]:
+    """The target's safetensors file(s); each header must parse and the embedding must fit."""
+    index = tdir / "model.safetensors.index.json"
+    if (tdir / "model.safetensors").is_file():
+        shards = [tdir / "model.safetensors"]
+    elif index.is_file():
+        shards = sorted({tdir / name for name in _read_json(index).get("weight_map", {}).values()})
+        if not shards:
+            raise CheckpointError(f"'{index}' has an empty weight_map")
+    else:
+        raise CheckpointError(
+            f"no weights in '{tdir}' (expected model.safetensors or model.safetensors.index.json)"
+        )
+    for shard in shards:
+        if not shard.is_file():
+            raise CheckpointError(f"weight shard '{shard}' not found")
+        emb = _shapes(shard).get("model.embed_tokens.weight")
+        if emb is not None and emb != embed_shape:
+            raise CheckpointError(
+                f"'{shard}': model.embed_tokens.weight has shape {emb} but '{tdir / 'config.json'}' "
+                f"implies {embed_shape} (vocab_size, hidden_size)"
+            )
+    return shards
+
+
+def _shapes(path: Path) -> dict[str, list[int]]:
+    """Tensor shapes from the safetensors header only (no weights are read)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as fh:
+            return {k: list(fh.get_slice(k).get_shape()) for k in fh.keys()}
+    except Exception as exc:  # safetensors raises its own error types for bad headers
+        raise CheckpointError(f"'{path}' is not a readable safetensors file: {exc}") from exc
