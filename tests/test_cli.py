@@ -103,3 +103,19 @@ def test_convert_missing_model_is_exit_2(tmp_path):
     assert r.exit_code == 2
     assert str(tmp_path / "missing") in r.stderr and "Traceback" not in r.output
     assert not (tmp_path / "out").exists()
+
+
+def test_sampling_is_seeded_and_typical_acceptance_is_labelled_lossy(engine):
+    args = ["--prompt", "Hello", "--max-new-tokens", "16", "--temperature", "0.8", "--top-p", "0.9", "--seed", "7"]
+    a, b = run_json(engine, *args), run_json(engine, *args)
+    assert a["token_ids"] == b["token_ids"] and a["metrics"]["lossy"] is False
+    assert a["metrics"]["temperature"] == 0.8
+    lossy = run_json(engine, *args, "--posterior-threshold", "0.09")
+    assert lossy["metrics"]["lossy"] is True and lossy["options"]["posterior_threshold"] == 0.09
+    r = cli.invoke(app, ["run", "--engine", str(engine), *args, "--posterior-threshold", "0.09"])
+    assert "LOSSY" in r.stdout
+
+
+def test_bad_sampling_options(engine):
+    r = cli.invoke(app, ["run", "--engine", str(engine), "--prompt", "hi", "--top-p", "0"])
+    assert r.exit_code == 2 and r.stderr.startswith("Error: --top-p must be in (0, 1], got 0.0")

@@ -28,6 +28,20 @@ def run(
     total_tokens: Annotated[Optional[int], typer.Option(help="Draft tokens kept in the tree (root excluded).")] = None,
     confidence_threshold: Annotated[Optional[float], typer.Option(
         help="Drop branches whose cumulative draft probability is below this (0 keeps all).")] = None,
+    temperature: Annotated[float, typer.Option(
+        help="Sampling temperature; 0 = greedy. At T > 0 the tree is verified by multi-branch rejection "
+             "sampling: the output distribution equals the target's exactly.")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass, applied to the target (1 = off).")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Keep the k most likely target tokens (0 = off).")] = 0,
+    seed: Annotated[Optional[int], typer.Option(help="Random seed for sampling (reproducible runs).")] = None,
+    posterior_threshold: Annotated[Optional[float], typer.Option(
+        help="LOSSY, opt-in: typical acceptance (TensorRT-LLM's posterior_threshold). Accept a draft token "
+             "when the target gives it more than min(threshold, 0.3*exp(-entropy)); output no longer "
+             "follows the target's distribution exactly.")] = None,
+    fallback_after: Annotated[int, typer.Option(
+        help="After this many verify steps in a row with no draft token accepted, decode plainly for a "
+             "while (0 = never). Lossless either way.")] = 2,
+    fallback_tokens: Annotated[int, typer.Option(help="Tokens decoded plainly per fallback.")] = 8,
     chat: Annotated[bool, typer.Option("--chat/--no-chat", help="Apply the chat template; --no-chat encodes the "
                                        "prompt exactly as tokenizer(prompt).input_ids.")] = True,
     json_out: JsonOpt = False,
@@ -39,12 +53,28 @@ def run(
 
     Example: eagle-trt run --engine engines/smollm2-135m-eagle3 --prompt "Write a haiku about the sea"
     """
+    sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                    posterior_threshold=posterior_threshold, fallback_after=fallback_after,
+                    fallback_tokens=fallback_tokens)
     handle_errors(_run)(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, total_tokens,
-                        confidence_threshold, chat, json_out, skip_verify)
+                        confidence_threshold, chat, json_out, skip_verify, sampling)
+
+
+def _check_sampling(s: dict) -> None:
+    if s["temperature"] < 0:
+        raise InputError(f"--temperature must be >= 0, got {s['temperature']}")
+    if not 0 < s["top_p"] <= 1:
+        raise InputError(f"--top-p must be in (0, 1], got {s['top_p']}")
+    if s["top_k"] < 0:
+        raise InputError(f"--top-k must be >= 0, got {s['top_k']}")
+    if s["posterior_threshold"] is not None and not 0 < s["posterior_threshold"] <= 1:
+        raise InputError(f"--posterior-threshold must be in (0, 1], got {s['posterior_threshold']}")
+    if s["fallback_after"] < 0 or s["fallback_tokens"] < 1:
+        raise InputError("--fallback-after must be >= 0 and --fallback-tokens >= 1")
 
 
 def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, total_tokens,
-         confidence_threshold, chat, json_out, skip_verify) -> None:
+         confidence_threshold, chat, json_out, skip_verify, sampling) -> None:
     from eagle_trt.runtime.session import Session, TextStream
 
     if mode not in ("eagle", "ar"):
@@ -57,6 +87,7 @@ def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, t
             raise InputError(f"{name} must be >= 1, got {value}")
     if confidence_threshold is not None and not 0 <= confidence_threshold < 1:
         raise InputError(f"--confidence-threshold must be in [0, 1), got {confidence_threshold}")
+    _check_sampling(sampling)
     if not prompt.strip():
         raise InputError("the prompt is empty: give some text with --prompt")
     if not Path(engine).exists():
@@ -65,7 +96,7 @@ def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, t
     session = Session.open(engine, verify=not skip_verify)
     opts = session.decode_options(max_new_tokens=max_new_tokens, mode=mode, tree=tree, draft_length=draft_length,
                                   beam_width=beam_width, total_tokens=total_tokens,
-                                  confidence_threshold=confidence_threshold)
+                                  confidence_threshold=confidence_threshold, **sampling)
     ids = session.encode(prompt, chat=chat)
     stream = TextStream(session.tokenizer)
 
@@ -86,7 +117,10 @@ def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, t
 
 
 def metrics_table(m: dict) -> Table:
-    table = Table(title=f"{m['mode']} decoding", show_header=False, title_justify="left")
+    title = f"{m['mode']} decoding" + (f", T={m['temperature']:g}" if m.get("temperature") else "")
+    if m.get("lossy"):
+        title += " [LOSSY: typical acceptance]"
+    table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
     table.add_row("generated tokens", str(m["generated_tokens"]))
@@ -99,5 +133,9 @@ def metrics_table(m: dict) -> Table:
     table.add_row("draft ms / verify ms", f"{m['draft_ms']:.1f} / {m['verify_ms']:.1f}")
     if m["mean_tree_size"]:
         table.add_row("tree size (mean) / utilization", f"{m['mean_tree_size']:.1f} / {m['tree_utilization']:.1%}")
+    if m.get("rejections"):
+        table.add_row("rejected draft tokens", str(m["rejections"]))
+    if m.get("fallbacks"):
+        table.add_row("fallbacks / plain tokens", f"{m['fallbacks']} / {m['fallback_tokens']}")
     table.add_row("stop", m["stop_reason"])
     return table
