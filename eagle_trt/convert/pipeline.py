@@ -7,14 +7,34 @@
 Stages: load the target, write it to OUT/target, attach a seeded untrained EAGLE-3 head with
 modelopt, export the head to OUT/draft, write OUT/convert.json. All of it goes to a temp dir that
 is renamed onto OUT only when every stage succeeded.
+
+Training (steps > 0 or epochs): after writing OUT/target, the data is tokenized (and optionally
+answered by the target itself), the target's features are cached once, the draft vocab is picked
+from the target's token frequencies, and the head is trained offline with modelopt's EAGLE-3 loss
+(see `train.py`); then OUT/draft holds the trained weights + d2t, and OUT/report.json the
+acceptance length tau measured with eagle-trt's runtime on held-out prompts.
+
+    result = convert_model("/tmp/tiny-llama", "/tmp/tiny-ckpt", steps=200, data=["chats.jsonl"],
+                           draft_vocab_size=128, overwrite=True)
+    result.summary["validation"]["dynamic"]["acceptance_length"]
+
+Resumable state (the dataset, the feature cache and the training checkpoint) lives in a work dir
+outside the staged output: `work_dir`, by default `.<OUT name>.train` next to OUT, deleted after a
+successful run (an explicit work_dir is kept). Ctrl-C saves a checkpoint there; `resume=True`
+continues from it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
+import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from eagle_trt.errors import InputError
 
@@ -59,14 +79,68 @@ class _Stages:
         self.timings: dict[str, float] = {}
 
     @contextlib.contextmanager
-    def stage(self, name: str, message: str):
+    def stage(self, name: str, message: str, spinner: bool = True):
+        """spinner=False for stages that draw their own progress bar (rich allows one live display)."""
         start = time.perf_counter()
-        status = self.console.status(message) if self.console else contextlib.nullcontext()
+        status = self.console.status(message) if self.console and spinner else contextlib.nullcontext()
         with status:
             yield
         self.timings[name] = round(time.perf_counter() - start, 3)
         if self.console:
             self.console.print(f"[green]✓[/] {message} [dim]({self.timings[name]:.1f}s)[/]")
+
+
+DATASET_FORMAT = "eagle-trt-dataset/1"
+
+
+def _file_stamp(path: Path) -> list:
+    st = path.stat()
+    return [str(path), st.st_size, st.st_mtime_ns]
+
+
+def _source_stamp(path: Path) -> list:
+    """Identity of the target weights (path, sizes, mtimes) for the work-dir cache keys."""
+    path = Path(path)
+    if path.is_file():
+        return _file_stamp(path)
+    return [_file_stamp(p) for p in sorted(path.glob("*.safetensors")) + [path / "config.json"] if p.is_file()]
+
+
+def _data_key(model_path, data, **settings) -> str:
+    specs = []
+    for spec in data:
+        p = Path(spec).expanduser()
+        specs.append(_file_stamp(p.resolve()) if p.is_file() else str(spec).lower())
+    blob = json.dumps({"format": DATASET_FORMAT, "target": _source_stamp(Path(model_path).expanduser().resolve()),
+                       "data": specs, **settings}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _load_or_build_dataset(work: Path, key: str, build: Callable):
+    from .data import Dataset
+
+    path = work / "dataset.json"
+    try:
+        saved = json.loads(path.read_text())
+        if saved.get("key") == key:
+            return Dataset(saved["sequences"], saved["val_prompts"], saved["stats"]), True
+    except (OSError, json.JSONDecodeError, KeyError):
+        pass
+    ds = build()
+    work.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({"key": key, "sequences": ds.sequences, "val_prompts": ds.val_prompts,
+                               "stats": ds.stats}))
+    os.replace(tmp, path)
+    return ds, False
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids = []
+    for v in (tokenizer.eos_token_id, getattr(model.config, "eos_token_id", None),
+              getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        ids += v if isinstance(v, (list, tuple)) else ([v] if v is not None else [])
+    return sorted({int(i) for i in ids})
 
 
 def convert_model(
@@ -76,41 +150,104 @@ def convert_model(
     draft_vocab_size: int | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    *,
+    epochs: float | None = None,
+    data: list[str | Path] | None = None,
+    seq_len: int = 512,
+    batch_size: int = 4,
+    lr: float = 3e-4,
+    warmup_steps: int | None = None,
+    ttt_steps: int = 3,
+    regenerate: bool = False,
+    max_new_tokens: int = 256,
+    resume: bool = False,
+    work_dir: str | Path | None = None,
+    checkpoint_every: int = 50,
+    seed: int = 0,
+    validate: bool = True,
+    val_prompts: int = 4,
+    val_max_new_tokens: int = 64,
+    on_step: Callable[[dict], None] | None = None,
 ) -> ConvertResult:
-    """Convert MODEL (HF dir or .gguf) into OUT with an EAGLE-3 draft head; see the module doc."""
+    """Convert MODEL (HF dir or .gguf) into OUT with an EAGLE-3 draft head; see the module doc.
+
+    steps=0 and epochs=None: an untrained (seeded) head, nothing else. Otherwise the head is trained
+    on `data` (see `data.py` for the accepted inputs) for `steps` optimizer steps or `epochs` passes."""
     if steps < 0:
         raise InputError(f"--steps must be >= 0; got {steps}")
-    if steps > 0:
-        raise InputError(
-            "training (--steps > 0) is not implemented yet; run with --steps 0 for an untrained head"
-        )
     if draft_vocab_size is not None and draft_vocab_size < 1:
         raise InputError(f"--draft-vocab-size must be >= 1; got {draft_vocab_size}")
+    train = steps > 0 or epochs is not None
+    cfg = None
+    if train:
+        from .train import TrainConfig
+
+        if steps > 0 and epochs is not None:
+            raise InputError("give either --steps or --epochs, not both")
+        if not data:
+            raise InputError("training the head needs --data (.jsonl / .txt files or 'humaneval')")
+        if seq_len < 8:
+            raise InputError(f"--seq-len must be >= 8; got {seq_len}")
+        cfg = TrainConfig(steps=steps or None, epochs=epochs, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
+                          ttt_steps=ttt_steps, checkpoint_every=checkpoint_every, seed=seed)
+        cfg.validate()
+    elif data:
+        raise InputError("--data is only used for training: add --steps N or --epochs N")
     out = check_output_dir(output_dir, overwrite)  # before the slow load, not after it
+    work = Path(work_dir).expanduser().absolute() if work_dir else out.parent / f".{out.name}.train"
     stages = _Stages(progress)
 
     with stages.stage("load", f"Loading {model_path}"):
         model, tokenizer, info = load_target(model_path)
+    training: dict = {}
     with staged_output(out, overwrite) as stage:
         with stages.stage("export_target", "Writing target model"):
             # Before attaching: the target must be saved without eagle_module and under its
             # own class name, and this way needs no second copy of the weights.
             write_target(model, tokenizer, stage / "target")
+        if train:
+            dataset, d2t, cache = _prepare_training(model, tokenizer, info, data, work, stages, progress,
+                                                    seq_len=seq_len, batch_size=batch_size, regenerate=regenerate,
+                                                    max_new_tokens=max_new_tokens, val_prompts=val_prompts,
+                                                    draft_vocab_size=draft_vocab_size)
         with stages.stage("attach", "Attaching EAGLE-3 head (modelopt)"):
             model = attach_eagle3(model, draft_vocab_size)
+        if train:
+            from .draft_vocab import load_d2t
+            from .train import run_config_dict, train_head
+
+            if d2t is not None:
+                load_d2t(model, d2t)
+            run_config = run_config_dict(target=info.path, draft_vocab_size=model.eagle_config.draft_vocab_size,
+                                         aux_layer_ids=list(model.eagle_config.eagle_aux_hidden_state_layer_ids),
+                                         seq_len=seq_len, lr=lr, warmup_steps=warmup_steps)
+            with stages.stage("train", "Training draft head", spinner=False):
+                result = train_head(model, cache, cfg, work / "checkpoint.safetensors", resume=resume,
+                                    progress=progress, on_step=on_step, run_config=run_config)
+            training = {"data": dataset.stats, "config": {**run_config, "batch_size": batch_size,
+                                                          "ttt_steps": ttt_steps, "seed": seed,
+                                                          "regenerate": regenerate},
+                        **result.summary()}
         with stages.stage("export_draft", "Writing draft head"):
             draft_config = write_draft(model, stage / "draft")
         # Paths stay out of convert.json: the checkpoint dir may be moved after it is written.
         manifest = {
             "source": info.to_dict(),
-            "steps": steps,
+            "steps": training.get("steps", steps),
             "versions": _versions(),
             "aux_layer_ids": draft_config["eagle_aux_hidden_state_layer_ids"],
             "draft_vocab_size": draft_config["draft_vocab_size"],
             "target_vocab_size": draft_config["vocab_size"],
             "rope_theta": draft_config["rope_theta"],
         }
+        if training:
+            manifest["training"] = training
         write_manifest(stage, manifest)
+        report = None
+        if train and validate:
+            report = _validate(stage, tokenizer, dataset.val_prompts, training, val_max_new_tokens, stages)
+    if train and work_dir is None:
+        shutil.rmtree(work, ignore_errors=True)  # the default work dir only serves resume after a Ctrl-C
     summary = {
         "output_dir": str(out),
         "target_dir": str(out / "target"),
@@ -118,4 +255,53 @@ def convert_model(
         **manifest,
         "timings_s": stages.timings,
     }
+    if report is not None:
+        summary["validation"] = report["validation"]
     return ConvertResult(out, out / "target", out / "draft", summary)
+
+
+def _prepare_training(model, tokenizer, info, data, work: Path, stages: _Stages, progress: bool, *, seq_len,
+                      batch_size, regenerate, max_new_tokens, val_prompts, draft_vocab_size):
+    """Dataset (cached in the work dir), target feature cache, and d2t (None at full vocab)."""
+    from .attach import default_aux_layer_ids
+    from .data import build_dataset
+    from .draft_vocab import d2t_from_vocab, ranking, select_draft_vocab
+    from .train import build_feature_cache, load_feature_cache
+
+    key = _data_key(info.path, data, seq_len=seq_len, regenerate=regenerate,
+                    max_new_tokens=max_new_tokens if regenerate else None, val_prompts=val_prompts)
+    with stages.stage("data", "Preparing training data", spinner=not regenerate):
+        dataset, reused = _load_or_build_dataset(work, key, lambda: build_dataset(
+            data, tokenizer, seq_len, model=model, regenerate_answers=regenerate, n_val=val_prompts,
+            max_new_tokens=max_new_tokens, gen_batch_size=max(8, batch_size), progress=progress))
+    aux_ids = default_aux_layer_ids(model.config.num_hidden_layers)
+    cache_key = hashlib.sha256(json.dumps([key, aux_ids, "bfloat16"]).encode()).hexdigest()[:32]
+    with stages.stage("cache", "Caching target features", spinner=False):
+        cache = load_feature_cache(work / "cache", cache_key)
+        if cache is None:
+            cache = build_feature_cache(model, dataset.sequences, aux_ids, work / "cache", cache_key,
+                                        batch_size=batch_size, progress=progress)
+    d2t = None
+    vocab = model.config.vocab_size
+    if draft_vocab_size is not None and draft_vocab_size < vocab:
+        # The head must predict the target's greedy tokens; count those first, the data's own second.
+        counts = ranking(cache.predicted_counts, cache.seen_counts)
+        d2t = d2t_from_vocab(select_draft_vocab(counts, draft_vocab_size, always=_eos_ids(model, tokenizer)))
+    return dataset, d2t, cache
+
+
+def _validate(stage: Path, tokenizer, prompts, training: dict, max_new_tokens: int, stages: _Stages) -> dict:
+    """tau of the exported head on the held-out prompts; writes OUT/report.json and prints it."""
+    from .validate import fallback_prompt_ids, measure_acceptance, write_report
+
+    source = "held-out"
+    if not prompts:
+        prompts, source = fallback_prompt_ids(tokenizer), "built-in"
+    with stages.stage("validate", f"Measuring acceptance length on {len(prompts)} {source} prompts"):
+        validation = measure_acceptance(stage / "target", stage / "draft", prompts, max_new_tokens=max_new_tokens)
+    validation["prompt_source"] = source
+    report = {"validation": validation, "training": training}
+    write_report(stage, report)
+    if stages.console is not None:
+        stages.console.print_json(json.dumps(report))
+    return report

