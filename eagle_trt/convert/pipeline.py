@@ -143,6 +143,34 @@ def _eos_ids(model, tokenizer) -> list[int]:
     return sorted({int(i) for i in ids})
 
 
+def _ship_head(model, tokenizer, info, out: Path, overwrite: bool, head: Path, stages) -> ConvertResult:
+    """Checkpoint = this target + an already trained head (copied, then loaded by the runtime to prove it fits)."""
+    from eagle_trt.models.draft_head import Eagle3DraftHead
+    from eagle_trt.models.llama import LlamaTarget
+
+    with staged_output(out, overwrite) as stage:
+        with stages.stage("export_target", "Writing target model"):
+            write_target(model, tokenizer, stage / "target")
+        with stages.stage("head", f"Copying trained head from {head}"):
+            (stage / "draft").mkdir()
+            for name in ("config.json", "model.safetensors"):
+                shutil.copyfile(head / name, stage / "draft" / name)
+            Eagle3DraftHead.load(stage / "draft", LlamaTarget.load(stage / "target"))
+            draft_config = json.loads((stage / "draft" / "config.json").read_text())
+            if (head / "report.json").is_file():
+                shutil.copyfile(head / "report.json", stage / "report.json")
+        manifest = {
+            "source": info.to_dict(), "steps": 0, "head_source": str(head), "versions": _versions(),
+            "aux_layer_ids": draft_config.get("eagle_aux_hidden_state_layer_ids"),
+            "draft_vocab_size": draft_config.get("draft_vocab_size"),
+            "target_vocab_size": draft_config.get("vocab_size"), "rope_theta": draft_config.get("rope_theta"),
+        }
+        write_manifest(stage, manifest)
+    summary = {"output_dir": str(out), "target_dir": str(out / "target"), "draft_dir": str(out / "draft"),
+               **manifest, "timings_s": stages.timings}
+    return ConvertResult(out, out / "target", out / "draft", summary)
+
+
 def convert_model(
     model_path: str | Path,
     output_dir: str | Path,
@@ -168,6 +196,7 @@ def convert_model(
     val_prompts: int = 4,
     val_max_new_tokens: int = 64,
     on_step: Callable[[dict], None] | None = None,
+    head: str | Path | None = None,
 ) -> ConvertResult:
     """Convert MODEL (HF dir or .gguf) into OUT with an EAGLE-3 draft head; see the module doc.
 
@@ -193,12 +222,20 @@ def convert_model(
         cfg.validate()
     elif data:
         raise InputError("--data is only used for training: add --steps N or --epochs N")
+    if head is not None:
+        if train:
+            raise InputError("--head ships an already trained head: drop --steps/--epochs/--data")
+        head = Path(head).expanduser()
+        if not (head / "config.json").is_file() or not (head / "model.safetensors").is_file():
+            raise InputError(f"--head '{head}' must be a dir with config.json and model.safetensors")
     out = check_output_dir(output_dir, overwrite)  # before the slow load, not after it
     work = Path(work_dir).expanduser().absolute() if work_dir else out.parent / f".{out.name}.train"
     stages = _Stages(progress)
 
     with stages.stage("load", f"Loading {model_path}"):
         model, tokenizer, info = load_target(model_path)
+    if head is not None:
+        return _ship_head(model, tokenizer, info, out, overwrite, Path(head), stages)
     training: dict = {}
     with staged_output(out, overwrite) as stage:
         with stages.stage("export_target", "Writing target model"):
