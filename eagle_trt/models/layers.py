@@ -71,7 +71,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
 
 def swiglu_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    # gate_up: [2I, H] (gate rows first, then up rows), fused so one GEMM reads both.
-    gu = x @ gate_up.t()
+    # gate_up: [H, 2I] (gate columns, then up), fused so one GEMM reads both; down: [I, H].
+    gu = x @ gate_up
     gate, up = gu.chunk(2, dim=-1)
-    return (F.silu(gate) * up) @ down.t()
+    return (F.silu(gate) * up) @ down
