@@ -48,7 +48,8 @@ def test_layout(ckpt):
     assert {"convert.json", "draft/config.json", "draft/model.safetensors"} <= files
     assert {"target/config.json", "target/model.safetensors", "target/tokenizer.json",
             "target/tokenizer_config.json", "target/generation_config.json"} <= files
-    assert all(f.startswith(("target/", "draft/")) or f == "convert.json" for f in files), files
+    assert all(f.startswith(("target/", "draft/")) or f in ("convert.json", "kv_scales.safetensors")
+               for f in files), files
     assert set(p.name for p in (out / "draft").iterdir()) == {"config.json", "model.safetensors"}
     # the staging dir was renamed, not left behind
     assert [p.name for p in out.parent.iterdir()] == [out.name]
@@ -152,6 +153,20 @@ def test_bad_draft_vocab(tiny, tmp_path, size):
     with pytest.raises(InputError, match="draft"):
         convert_model(tiny, tmp_path / "ckpt", draft_vocab_size=size, progress=False)
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_fp8_kv_scales_are_calibrated(ckpt):
+    from safetensors.torch import load_file as _load
+
+    scales = _load(str(ckpt.output_dir / "kv_scales.safetensors"))
+    assert scales["target.k_scales"].shape == (TINY_CONFIG["num_hidden_layers"],)
+    assert scales["draft.v_scales"].shape == (1,) and (scales["target.v_scales"] > 0).all()
+    cal = json.loads((ckpt.output_dir / "convert.json").read_text())["kv_calibration"]
+    fp8 = cal["fp8_vs_fp32"]
+    assert fp8["eagle_equals_ar_on_fp8"] is True
+    assert fp8["kv_bytes_per_token_fp8"] * 4 == fp8["kv_bytes_per_token_fp32"]
+    # FP8 KV is lossy against fp32 KV (3 mantissa bits); on this tiny model it keeps most greedy tokens.
+    assert fp8["greedy_token_agreement"] >= 0.5
 
 
 def test_training_needs_data(tiny, tmp_path):

@@ -14,7 +14,8 @@ Accepted inputs (`--data`, any mix):
 
 With `regenerate=True` the target itself writes the answers (greedy, batched): every conversation
 is cut after its last user turn and every prompt is answered, so the head learns the target's own
-distribution (self-distillation). Text files are used as they are.
+distribution (self-distillation). Text files, and prompts that come with a response, are used as
+they are.
 """
 
 from __future__ import annotations
@@ -260,7 +261,9 @@ def build_dataset(specs: list[str | Path], tokenizer, seq_len: int = 512, model=
     if regenerate_answers:
         if model is None:
             raise ValueError("regenerate needs the target model")
-        gen_idx = [i for i, r in enumerate(train) if _prompt_messages(r) is not None]
+        # A prompt that already carries a response is kept as is (e.g. answers the target wrote earlier).
+        gen_idx = [i for i, r in enumerate(train)
+                   if _prompt_messages(r) is not None and not (r.kind == "prompt" and r.response)]
         prompts = [prompt_ids(train[i], tokenizer, max_tokens=seq_len) for i in gen_idx]
         answers = regenerate(model, tokenizer, prompts, max_new_tokens, gen_batch_size, progress)
         regenerated = {i: p + a for i, p, a in zip(gen_idx, prompts, answers)}

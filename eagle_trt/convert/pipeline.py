@@ -143,7 +143,7 @@ def _eos_ids(model, tokenizer) -> list[int]:
     return sorted({int(i) for i in ids})
 
 
-def _ship_head(model, tokenizer, info, out: Path, overwrite: bool, head: Path, stages) -> ConvertResult:
+def _ship_head(model, tokenizer, info, out: Path, overwrite: bool, head: Path, stages, calibrate_kv: bool) -> ConvertResult:
     """Checkpoint = this target + an already trained head (copied, then loaded by the runtime to prove it fits)."""
     from eagle_trt.models.draft_head import Eagle3DraftHead
     from eagle_trt.models.llama import LlamaTarget
@@ -165,6 +165,8 @@ def _ship_head(model, tokenizer, info, out: Path, overwrite: bool, head: Path, s
             "draft_vocab_size": draft_config.get("draft_vocab_size"),
             "target_vocab_size": draft_config.get("vocab_size"), "rope_theta": draft_config.get("rope_theta"),
         }
+        if calibrate_kv:
+            manifest["kv_calibration"] = _calibrate(stage, tokenizer, [], stages)
         write_manifest(stage, manifest)
     summary = {"output_dir": str(out), "target_dir": str(out / "target"), "draft_dir": str(out / "draft"),
                **manifest, "timings_s": stages.timings}
@@ -197,6 +199,7 @@ def convert_model(
     val_max_new_tokens: int = 64,
     on_step: Callable[[dict], None] | None = None,
     head: str | Path | None = None,
+    calibrate_kv: bool = True,
 ) -> ConvertResult:
     """Convert MODEL (HF dir or .gguf) into OUT with an EAGLE-3 draft head; see the module doc.
 
@@ -235,7 +238,7 @@ def convert_model(
     with stages.stage("load", f"Loading {model_path}"):
         model, tokenizer, info = load_target(model_path)
     if head is not None:
-        return _ship_head(model, tokenizer, info, out, overwrite, Path(head), stages)
+        return _ship_head(model, tokenizer, info, out, overwrite, Path(head), stages, calibrate_kv)
     training: dict = {}
     with staged_output(out, overwrite) as stage:
         with stages.stage("export_target", "Writing target model"):
@@ -283,6 +286,9 @@ def convert_model(
         report = None
         if train and validate:
             report = _validate(stage, tokenizer, dataset.val_prompts, training, val_max_new_tokens, stages)
+        if calibrate_kv:
+            manifest["kv_calibration"] = _calibrate(stage, tokenizer, dataset.val_prompts if train else [], stages)
+            write_manifest(stage, manifest)
     if train and work_dir is None:
         shutil.rmtree(work, ignore_errors=True)  # the default work dir only serves resume after a Ctrl-C
     summary = {
@@ -325,6 +331,18 @@ def _prepare_training(model, tokenizer, info, data, work: Path, stages: _Stages,
         counts = ranking(cache.predicted_counts, cache.seen_counts)
         d2t = d2t_from_vocab(select_draft_vocab(counts, draft_vocab_size, always=_eos_ids(model, tokenizer)))
     return dataset, d2t, cache
+
+
+def _calibrate(stage: Path, tokenizer, prompts, stages: _Stages) -> dict:
+    """FP8 KV scales for target and head (CKPT/kv_scales.safetensors) + what FP8 KV keeps of greedy output."""
+    from .calibrate import calibrate_kv_scales, fp8_agreement
+    from .validate import fallback_prompt_ids
+
+    prompts = list(prompts) or fallback_prompt_ids(tokenizer)
+    with stages.stage("calibrate", f"Calibrating FP8 KV scales on {len(prompts)} prompts"):
+        result = calibrate_kv_scales(stage, prompts)
+        result["fp8_vs_fp32"] = fp8_agreement(stage, prompts)
+    return result
 
 
 def _validate(stage: Path, tokenizer, prompts, training: dict, max_new_tokens: int, stages: _Stages) -> dict:

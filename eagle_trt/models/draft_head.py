@@ -89,10 +89,10 @@ class Eagle3DraftHead:
             w = {k.replace("midlayer.", "layers.0.", 1): t for k, t in w.items()}
         return cls(spec, w, target, dtype, hidden_prenorm=not official, source=src)
 
-    def new_cache(self, capacity: int, kv_dtype: torch.dtype | None = None) -> KVCache:
+    def new_cache(self, capacity: int, kv_dtype: torch.dtype | None = None, k_scales=None, v_scales=None) -> KVCache:
         s = self.spec
         return KVCache(1, s.num_kv_heads, s.head_dim, capacity, kv_dtype or self.dtype, self.dtype,
-                       device=self.fc.device)
+                       k_scales, v_scales, device=self.fc.device)
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """[T, n_aux * H] target features -> [T, H] draft input."""

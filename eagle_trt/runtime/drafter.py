@@ -17,9 +17,10 @@ from eagle_trt.speculative.tree import StaticLayout, Tree, select_top_nodes, tre
 
 
 class Drafter:
-    def __init__(self, head: Eagle3DraftHead, capacity: int, kv_dtype: torch.dtype | None = None):
+    def __init__(self, head: Eagle3DraftHead, capacity: int, kv_dtype: torch.dtype | None = None,
+                 k_scales=None, v_scales=None):
         self.head = head
-        self.cache = head.new_cache(capacity, kv_dtype)
+        self.cache = head.new_cache(capacity, kv_dtype, k_scales, v_scales)
         self.last_logits: torch.Tensor | None = None  # [Vd] draft logits for the root's children
         self.last_hidden: torch.Tensor | None = None  # [H] pre-norm output that produced them
 

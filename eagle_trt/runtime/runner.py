@@ -71,7 +71,8 @@ class GenerationResult:
 
 class Runner:
     def __init__(self, target: LlamaTarget, head: Eagle3DraftHead | None, capacity: int,
-                 kv_dtype: torch.dtype | None = None, k_scales=None, v_scales=None, max_input_len: int | None = None):
+                 kv_dtype: torch.dtype | None = None, k_scales=None, v_scales=None, max_input_len: int | None = None,
+                 draft_k_scales=None, draft_v_scales=None):
         self.target, self.head = target, head
         self.capacity = capacity
         self.max_input_len = max_input_len or capacity
@@ -82,7 +83,7 @@ class Runner:
                                  f"{target.spec.num_layers} layers")
             target.aux_layer_ids = list(head_aux)
         self.cache = target.new_cache(capacity, kv_dtype, k_scales, v_scales)
-        self.drafter = Drafter(head, capacity, kv_dtype) if head is not None else None
+        self.drafter = Drafter(head, capacity, kv_dtype, draft_k_scales, draft_v_scales) if head is not None else None
 
     # ---- public ----------------------------------------------------------------------------------
     def generate(self, prompt_ids: list[int], opts: DecodeOptions,

@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -56,21 +58,32 @@ class Session:
         scales = _kv_scales(Path(engine.root) / "kv_scales.safetensors")
         tree_room = max(cfg.total_tokens, cfg.max_beam_width * cfg.draft_length, 64) + 1
         runner = Runner(target, head, capacity=cfg.max_input_len + cfg.max_output_len + tree_room,
-                        kv_dtype=kv_dtype, k_scales=scales[0], v_scales=scales[1], max_input_len=cfg.max_input_len)
+                        kv_dtype=kv_dtype, k_scales=scales.get("target.k_scales"),
+                        v_scales=scales.get("target.v_scales"), max_input_len=cfg.max_input_len,
+                        draft_k_scales=scales.get("draft.k_scales"), draft_v_scales=scales.get("draft.v_scales"))
         return cls(engine, runner, load_tokenizer(engine.tokenizer_dir))
 
     @property
     def config(self):
         return self.engine.config
 
-    def decode_options(self, **overrides) -> DecodeOptions:
-        """The engine's tree settings, with any non-None override applied."""
+    @cached_property
+    def tuned(self) -> dict:
+        """Tree settings `eagle-trt tune` stored in the engine's tuned.json ({} when there are none).
+
+        Only a tuned.json the manifest lists counts (its hash was checked on open, with verify)."""
+        return read_tuned(self.engine.root, self.engine.manifest)
+
+    def decode_options(self, tuned: bool = True, **overrides) -> DecodeOptions:
+        """The engine's tree settings (tuned ones first, unless tuned=False), with any non-None override applied."""
         cfg = self.config
         opts = dict(
             tree=cfg.tree, draft_length=cfg.draft_length, beam_width=cfg.max_beam_width,
             total_tokens=cfg.total_tokens, confidence_threshold=cfg.confidence_threshold,
             static_tree=cfg.static_tree, max_new_tokens=min(128, cfg.max_output_len),
         )
+        if tuned:
+            opts.update(self.tuned)
         opts.update({k: v for k, v in overrides.items() if v is not None})
         if opts["max_new_tokens"] > cfg.max_output_len:
             raise InputError(f"--max-new-tokens {opts['max_new_tokens']} exceeds the engine's max_output_len "
@@ -93,14 +106,34 @@ class Session:
         return list(tok(prompt).input_ids)
 
 
-def _kv_scales(path: Path) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The target's FP8 KV scales (target.k_scales / target.v_scales, [num_layers]); (None, None) if absent."""
+TUNED_NAME = "tuned.json"
+TUNED_KEYS = ("tree", "draft_length", "beam_width", "total_tokens")
+
+
+def read_tuned(root: str | Path, manifest) -> dict:
+    """The DecodeOptions fields stored by `eagle-trt tune` in root/tuned.json, if the manifest lists it."""
+    if TUNED_NAME not in manifest.files:
+        return {}
+    path = Path(root) / TUNED_NAME
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        out = {k: data[k] for k in TUNED_KEYS if k in data}
+        ok = all(isinstance(out[k], int) and out[k] >= 1 for k in TUNED_KEYS[1:] if k in out)
+        ok = ok and out.get("tree", "dynamic") in ("dynamic", "static", "chain")
+    except (OSError, ValueError, TypeError) as e:
+        raise CheckpointError(f"{path}: unreadable ({e})", hint="rerun `eagle-trt tune`") from None
+    if not ok:
+        raise CheckpointError(f"{path}: bad tuned settings {out}", hint="rerun `eagle-trt tune`")
+    return out
+
+
+def _kv_scales(path: Path) -> dict[str, torch.Tensor]:
+    """FP8 KV scales: target.k_scales / target.v_scales [num_layers], draft.* [1]; {} when absent."""
     if not path.is_file():
-        return None, None
+        return {}
     from eagle_trt.models.weights import load_safetensors
 
-    t = load_safetensors(path)
-    return t.get("target.k_scales"), t.get("target.v_scales")
+    return load_safetensors(path)
 
 
 class TextStream:
