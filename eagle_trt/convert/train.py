@@ -12,24 +12,16 @@ EAGLE-3 training-time-test loop (`eagle_ttt_steps` unrolled draft steps, each at
 earlier predictions) with a soft cross-entropy against the target's distribution restricted to
 the draft vocab, decayed by 0.9 per step, and top-1 accuracy against the target's argmax.
 
-Cache layout (CACHE = the work dir's `cache/`):
-    CACHE/shard-00000.safetensors   input_ids [N] int32, aux [N, n_aux*H], hidden [N, H] (bfloat16 by
-                                     default), offsets [S+1] int64: sequence j is rows offsets[j]:offsets[j+1]
-    CACHE/counts.safetensors        predicted [V], seen [V] int64: target argmax / data token counts
-    CACHE/meta.json                 written last; the cache is valid only if it exists and its key matches
-
-Checkpoint: one safetensors file, replaced atomically (written to a temp file, then renamed):
-    head.<name>              eagle_module state (weights + d2t)
-    optim.<i>.<state>        AdamW state of trainable parameter i (exp_avg, exp_avg_sq, step)
-    rng.torch                torch CPU generator state
-    metadata: format, step, config (JSON), params (names, in optimizer order), param_groups, history
+This module owns the training loop: `TrainConfig` (schedule and validation), the seeded batch order,
+Ctrl-C handling, `train_head` and its `TrainResult` summary. The feature cache (layout, build, read)
+lives in `feature_cache.py`; the atomic resumable checkpoint in `train_checkpoint.py`. Their public
+names are re-exported here.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import threading
 import time
@@ -39,166 +31,12 @@ from typing import Callable
 
 import torch
 
-from eagle_trt.errors import CheckpointError, InputError
+from eagle_trt.errors import InputError
 
-CACHE_FORMAT = "eagle-trt-feature-cache/1"
-CHECKPOINT_FORMAT = "eagle-trt-train-checkpoint/1"
-SHARD_TOKENS = 1 << 16
-
-
-# ---- feature cache ---------------------------------------------------------------------------------
-class FeatureCache:
-    """Read side of the cache: padded training batches by sequence index."""
-
-    def __init__(self, cache_dir: str | Path):
-        from safetensors import safe_open
-
-        self.dir = Path(cache_dir)
-        self.meta = json.loads((self.dir / "meta.json").read_text())
-        self._files = [safe_open(str(self.dir / name), framework="pt") for name in self.meta["shards"]]
-        self._index: list[tuple[int, int, int]] = []  # (shard, start, end)
-        for s, f in enumerate(self._files):
-            off = f.get_tensor("offsets").tolist()
-            self._index += [(s, off[j], off[j + 1]) for j in range(len(off) - 1)]
-        from safetensors.torch import load_file
-
-        counts = load_file(str(self.dir / "counts.safetensors"))
-        self.predicted_counts, self.seen_counts = counts["predicted"], counts["seen"]
-
-    def __len__(self) -> int:
-        return len(self._index)
-
-    @property
-    def key(self) -> str:
-        return self.meta["key"]
-
-    def length(self, i: int) -> int:
-        _, a, b = self._index[i]
-        return b - a
-
-    def sequence(self, i: int) -> dict[str, torch.Tensor]:
-        s, a, b = self._index[i]
-        f = self._files[s]
-        return {name: f.get_slice(name)[a:b] for name in ("input_ids", "aux", "hidden")}
-
-    def batch(self, indices: list[int], pad_id: int = 0) -> dict[str, torch.Tensor]:
-        """Right-padded [B, L] ids / mask and [B, L, *] float32 features (L = longest in the batch)."""
-        seqs = [self.sequence(i) for i in indices]
-        width = max(s["input_ids"].shape[0] for s in seqs)
-        b = len(seqs)
-        ids = torch.full((b, width), pad_id, dtype=torch.long)
-        mask = torch.zeros((b, width), dtype=torch.long)
-        aux = torch.zeros((b, width, seqs[0]["aux"].shape[-1]))
-        hidden = torch.zeros((b, width, seqs[0]["hidden"].shape[-1]))
-        for r, s in enumerate(seqs):
-            n = s["input_ids"].shape[0]
-            ids[r, :n], mask[r, :n] = s["input_ids"].long(), 1
-            aux[r, :n], hidden[r, :n] = s["aux"].float(), s["hidden"].float()
-        return {"input_ids": ids, "attention_mask": mask, "aux": aux, "hidden": hidden}
-
-
-def load_feature_cache(cache_dir: str | Path, key: str) -> FeatureCache | None:
-    """The cache in cache_dir if it is complete and was built for `key`, else None."""
-    meta = Path(cache_dir) / "meta.json"
-    try:
-        data = json.loads(meta.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    if data.get("format") != CACHE_FORMAT or data.get("key") != key:
-        return None
-    try:
-        return FeatureCache(cache_dir)
-    except Exception:  # a shard went missing or is damaged: rebuild
-        return None
-
-
-def _write_atomic_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
-
-
-def build_feature_cache(model, sequences: list[list[int]], aux_layer_ids: list[int], cache_dir: str | Path,
-                        key: str, batch_size: int = 4, dtype: torch.dtype = torch.bfloat16,
-                        progress: bool = True) -> FeatureCache:
-    """Run the plain HF target once over `sequences` and write the cache (see the module doc)."""
-    import shutil
-
-    from safetensors.torch import save_file
-
-    from .data import _progress
-
-    cache_dir = Path(cache_dir)
-    if cache_dir.exists():
-        shutil.rmtree(cache_dir)
-    cache_dir.mkdir(parents=True)
-    base = model.model
-    vocab = model.config.vocab_size
-    caught: dict[int, torch.Tensor] = {}
-    hooks = [base.layers[i].register_forward_hook(
-        lambda _m, _a, out, i=i: caught.__setitem__(i, out if torch.is_tensor(out) else out[0]))
-        for i in aux_layer_ids]
-    predicted = torch.zeros(vocab, dtype=torch.long)
-    seen = torch.zeros(vocab, dtype=torch.long)
-    shards: list[str] = []
-    pending: list[dict[str, torch.Tensor]] = []
-
-    def flush():
-        if not pending:
-            return
-        lengths = [p["input_ids"].shape[0] for p in pending]
-        offsets = torch.tensor([0] + lengths).cumsum(0)
-        name = f"shard-{len(shards):05d}.safetensors"
-        save_file({
-            "input_ids": torch.cat([p["input_ids"] for p in pending]).to(torch.int32),
-            "aux": torch.cat([p["aux"] for p in pending]).contiguous(),
-            "hidden": torch.cat([p["hidden"] for p in pending]).contiguous(),
-            "offsets": offsets.to(torch.int64),
-        }, str(cache_dir / name))
-        shards.append(name)
-        pending.clear()
-
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))  # little padding per batch
-    was_training = model.training
-    model.eval()
-    try:
-        with _progress(progress, "Caching target features", len(sequences)) as (bar, task), torch.inference_mode():
-            pending_tokens = 0
-            for b in range(0, len(order), batch_size):
-                idx = order[b:b + batch_size]
-                width = max(len(sequences[i]) for i in idx)
-                ids = torch.zeros((len(idx), width), dtype=torch.long)
-                mask = torch.zeros((len(idx), width), dtype=torch.long)
-                for r, i in enumerate(idx):
-                    ids[r, :len(sequences[i])], mask[r, :len(sequences[i])] = torch.tensor(sequences[i]), 1
-                caught.clear()
-                hidden = base(input_ids=ids, attention_mask=mask).last_hidden_state  # post final norm
-                aux = torch.cat([caught[i] for i in sorted(aux_layer_ids)], dim=-1)
-                for r, i in enumerate(idx):
-                    n = len(sequences[i])
-                    pred = model.lm_head(hidden[r, :n]).argmax(-1)
-                    predicted += torch.bincount(pred, minlength=vocab)[:vocab]
-                    seen += torch.bincount(ids[r, :n], minlength=vocab)[:vocab]
-                    pending.append({"input_ids": ids[r, :n].clone(), "aux": aux[r, :n].to(dtype),
-                                    "hidden": hidden[r, :n].to(dtype)})
-                    pending_tokens += n
-                if pending_tokens >= SHARD_TOKENS:
-                    flush()
-                    pending_tokens = 0
-                if bar is not None:
-                    bar.advance(task, len(idx))
-        flush()
-    finally:
-        for h in hooks:
-            h.remove()
-        model.train(was_training)
-    save_file({"predicted": predicted, "seen": seen}, str(cache_dir / "counts.safetensors"))
-    _write_atomic_json(cache_dir / "meta.json", {
-        "format": CACHE_FORMAT, "key": key, "shards": shards, "sequences": len(sequences),
-        "tokens": int(seen.sum()), "aux_layer_ids": sorted(aux_layer_ids), "dtype": str(dtype).replace("torch.", ""),
-        "hidden_size": model.config.hidden_size, "vocab_size": vocab,
-    })
-    return FeatureCache(cache_dir)
+from .feature_cache import (CACHE_FORMAT, SHARD_TOKENS, FeatureCache, build_feature_cache,  # noqa: F401
+                            load_feature_cache)
+from .train_checkpoint import (CHECKPOINT_FORMAT, _trainable, load_checkpoint, read_checkpoint,  # noqa: F401
+                               save_checkpoint)
 
 
 # ---- training --------------------------------------------------------------------------------------
@@ -271,90 +109,11 @@ class TrainResult:
         }
 
 
-def _trainable(model) -> list[tuple[str, torch.nn.Parameter]]:
-    return [(n, p) for n, p in model.eagle_module.named_parameters() if p.requires_grad]
-
-
 def batch_order(n: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
     """The batches of one epoch: a seeded permutation, so any step can be recomputed on resume."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     perm = torch.randperm(n, generator=g).tolist()
     return [perm[i:i + batch_size] for i in range(0, n, batch_size)]
-
-
-# ---- checkpoints -------------------------------------------------------------------------------------
-def save_checkpoint(path: str | Path, model, optimizer, step: int, config: dict, history: list[dict]) -> Path:
-    """Write the checkpoint atomically: a crash or Ctrl-C leaves the previous one intact."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {f"head.{k}": v.detach().contiguous().clone() for k, v in model.eagle_module.state_dict().items()}
-    sd = optimizer.state_dict()
-    for i, state in sd["state"].items():
-        for k, v in state.items():
-            tensors[f"optim.{i}.{k}"] = (v if torch.is_tensor(v) else torch.tensor(v)).detach().contiguous().clone()
-    tensors["rng.torch"] = torch.get_rng_state()
-    meta = {
-        "format": CHECKPOINT_FORMAT,
-        "step": str(step),
-        "config": json.dumps(config, sort_keys=True),
-        "params": json.dumps([n for n, _ in _trainable(model)]),
-        "param_groups": json.dumps(sd["param_groups"]),
-        "history": json.dumps(history),
-    }
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        save_file(tensors, str(tmp), metadata=meta)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
-
-
-def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
-    """(tensors, metadata with step/config/params/param_groups/history decoded)."""
-    from safetensors import safe_open
-
-    path = Path(path)
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            raw = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no training checkpoint to resume from") from None
-    except Exception as e:
-        raise CheckpointError(f"{path}: unreadable training checkpoint ({e})") from None
-    if raw.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path}: not an eagle-trt training checkpoint")
-    meta = {"step": int(raw["step"])}
-    for k in ("config", "params", "param_groups", "history"):
-        meta[k] = json.loads(raw[k])
-    return tensors, meta
-
-
-def load_checkpoint(path: str | Path, model, optimizer) -> dict:
-    """Restore head weights, optimizer state and RNG; return the metadata."""
-    tensors, meta = read_checkpoint(path)
-    names = [n for n, _ in _trainable(model)]
-    if meta["params"] != names:
-        raise CheckpointError(f"{path}: checkpoint holds a different head (parameters differ)")
-    head = {k[5:]: v for k, v in tensors.items() if k.startswith("head.")}
-    try:
-        model.eagle_module.load_state_dict(head, strict=True)
-    except RuntimeError as e:
-        raise CheckpointError(f"{path}: head weights do not fit this head ({str(e).splitlines()[0]})") from None
-    state: dict[int, dict] = {}
-    for k, v in tensors.items():
-        if k.startswith("optim."):
-            _, i, name = k.split(".", 2)
-            state.setdefault(int(i), {})[name] = v
-    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-    torch.set_rng_state(tensors["rng.torch"])
-    return meta
 
 
 # ---- Ctrl-C ------------------------------------------------------------------------------------------

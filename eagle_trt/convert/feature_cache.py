@@ -1,0 +1,184 @@
+"""The on-disk feature cache for offline head training: the target's aux hidden states, run once.
+
+Owns building the cache (one plain HF forward over the training sequences, with hooks on the aux
+layers), the layout on disk and its validity check, and reading padded batches back for training.
+
+    from eagle_trt.convert.feature_cache import build_feature_cache, load_feature_cache
+    cache = load_feature_cache("/tmp/work/cache", key)          # None unless complete and built for key
+    cache = cache or build_feature_cache(model, sequences, aux_layer_ids, "/tmp/work/cache", key)
+    batch = cache.batch([0, 3, 5])   # input_ids / attention_mask [B, L], aux / hidden [B, L, *] float32
+
+Cache layout (CACHE = the work dir's `cache/`):
+    CACHE/shard-00000.safetensors   input_ids [N] int32, aux [N, n_aux*H], hidden [N, H] (bfloat16 by
+                                     default), offsets [S+1] int64: sequence j is rows offsets[j]:offsets[j+1]
+    CACHE/counts.safetensors        predicted [V], seen [V] int64: target argmax / data token counts
+    CACHE/meta.json                 written last; the cache is valid only if it exists and its key matches
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+CACHE_FORMAT = "eagle-trt-feature-cache/1"
+SHARD_TOKENS = 1 << 16
+
+
+class FeatureCache:
+    """Read side of the cache: padded training batches by sequence index."""
+
+    def __init__(self, cache_dir: str | Path):
+        from safetensors import safe_open
+
+        self.dir = Path(cache_dir)
+        self.meta = json.loads((self.dir / "meta.json").read_text())
+        self._files = [safe_open(str(self.dir / name), framework="pt") for name in self.meta["shards"]]
+        self._index: list[tuple[int, int, int]] = []  # (shard, start, end)
+        for s, f in enumerate(self._files):
+            off = f.get_tensor("offsets").tolist()
+            self._index += [(s, off[j], off[j + 1]) for j in range(len(off) - 1)]
+        from safetensors.torch import load_file
+
+        counts = load_file(str(self.dir / "counts.safetensors"))
+        self.predicted_counts, self.seen_counts = counts["predicted"], counts["seen"]
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @property
+    def key(self) -> str:
+        return self.meta["key"]
+
+    def length(self, i: int) -> int:
+        _, a, b = self._index[i]
+        return b - a
+
+    def sequence(self, i: int) -> dict[str, torch.Tensor]:
+        s, a, b = self._index[i]
+        f = self._files[s]
+        return {name: f.get_slice(name)[a:b] for name in ("input_ids", "aux", "hidden")}
+
+    def batch(self, indices: list[int], pad_id: int = 0) -> dict[str, torch.Tensor]:
+        """Right-padded [B, L] ids / mask and [B, L, *] float32 features (L = longest in the batch)."""
+        seqs = [self.sequence(i) for i in indices]
+        width = max(s["input_ids"].shape[0] for s in seqs)
+        b = len(seqs)
+        ids = torch.full((b, width), pad_id, dtype=torch.long)
+        mask = torch.zeros((b, width), dtype=torch.long)
+        aux = torch.zeros((b, width, seqs[0]["aux"].shape[-1]))
+        hidden = torch.zeros((b, width, seqs[0]["hidden"].shape[-1]))
+        for r, s in enumerate(seqs):
+            n = s["input_ids"].shape[0]
+            ids[r, :n], mask[r, :n] = s["input_ids"].long(), 1
+            aux[r, :n], hidden[r, :n] = s["aux"].float(), s["hidden"].float()
+        return {"input_ids": ids, "attention_mask": mask, "aux": aux, "hidden": hidden}
+
+
+def load_feature_cache(cache_dir: str | Path, key: str) -> FeatureCache | None:
+    """The cache in cache_dir if it is complete and was built for `key`, else None."""
+    meta = Path(cache_dir) / "meta.json"
+    try:
+        data = json.loads(meta.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if data.get("format") != CACHE_FORMAT or data.get("key") != key:
+        return None
+    try:
+        return FeatureCache(cache_dir)
+    except Exception:  # a shard went missing or is damaged: rebuild
+        return None
+
+
+def _write_atomic_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def build_feature_cache(model, sequences: list[list[int]], aux_layer_ids: list[int], cache_dir: str | Path,
+                        key: str, batch_size: int = 4, dtype: torch.dtype = torch.bfloat16,
+                        progress: bool = True) -> FeatureCache:
+    """Run the plain HF target once over `sequences` and write the cache (see the module doc)."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from .data import _progress
+
+    cache_dir = Path(cache_dir)
+    if cache_dir.exists():
+        shutil.rmtree(cache_dir)
+    cache_dir.mkdir(parents=True)
+    base = model.model
+    vocab = model.config.vocab_size
+    caught: dict[int, torch.Tensor] = {}
+    hooks = [base.layers[i].register_forward_hook(
+        lambda _m, _a, out, i=i: caught.__setitem__(i, out if torch.is_tensor(out) else out[0]))
+        for i in aux_layer_ids]
+    predicted = torch.zeros(vocab, dtype=torch.long)
+    seen = torch.zeros(vocab, dtype=torch.long)
+    shards: list[str] = []
+    pending: list[dict[str, torch.Tensor]] = []
+
+    def flush():
+        if not pending:
+            return
+        lengths = [p["input_ids"].shape[0] for p in pending]
+        offsets = torch.tensor([0] + lengths).cumsum(0)
+        name = f"shard-{len(shards):05d}.safetensors"
+        save_file({
+            "input_ids": torch.cat([p["input_ids"] for p in pending]).to(torch.int32),
+            "aux": torch.cat([p["aux"] for p in pending]).contiguous(),
+            "hidden": torch.cat([p["hidden"] for p in pending]).contiguous(),
+            "offsets": offsets.to(torch.int64),
+        }, str(cache_dir / name))
+        shards.append(name)
+        pending.clear()
+
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))  # little padding per batch
+    was_training = model.training
+    model.eval()
+    try:
+        with _progress(progress, "Caching target features", len(sequences)) as (bar, task), torch.inference_mode():
+            pending_tokens = 0
+            for b in range(0, len(order), batch_size):
+                idx = order[b:b + batch_size]
+                width = max(len(sequences[i]) for i in idx)
+                ids = torch.zeros((len(idx), width), dtype=torch.long)
+                mask = torch.zeros((len(idx), width), dtype=torch.long)
+                for r, i in enumerate(idx):
+                    ids[r, :len(sequences[i])], mask[r, :len(sequences[i])] = torch.tensor(sequences[i]), 1
+                caught.clear()
+                hidden = base(input_ids=ids, attention_mask=mask).last_hidden_state  # post final norm
+                aux = torch.cat([caught[i] for i in sorted(aux_layer_ids)], dim=-1)
+                for r, i in enumerate(idx):
+                    n = len(sequences[i])
+                    pred = model.lm_head(hidden[r, :n]).argmax(-1)
+                    predicted += torch.bincount(pred, minlength=vocab)[:vocab]
+                    seen += torch.bincount(ids[r, :n], minlength=vocab)[:vocab]
+                    pending.append({"input_ids": ids[r, :n].clone(), "aux": aux[r, :n].to(dtype),
+                                    "hidden": hidden[r, :n].to(dtype)})
+                    pending_tokens += n
+                if pending_tokens >= SHARD_TOKENS:
+                    flush()
+                    pending_tokens = 0
+                if bar is not None:
+                    bar.advance(task, len(idx))
+        flush()
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    save_file({"predicted": predicted, "seen": seen}, str(cache_dir / "counts.safetensors"))
+    _write_atomic_json(cache_dir / "meta.json", {
+        "format": CACHE_FORMAT, "key": key, "shards": shards, "sequences": len(sequences),
+        "tokens": int(seen.sum()), "aux_layer_ids": sorted(aux_layer_ids), "dtype": str(dtype).replace("torch.", ""),
+        "hidden_size": model.config.hidden_size, "vocab_size": vocab,
+    })
+    return FeatureCache(cache_dir)
+
+
+__all__ = ["CACHE_FORMAT", "SHARD_TOKENS", "FeatureCache", "build_feature_cache", "load_feature_cache"]
