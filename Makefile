@@ -9,6 +9,8 @@ PY       := $(VENV)/bin/python
 EAGLE    := $(VENV)/bin/eagle-trt
 GGUF     := models/SmolLM2-135M-Instruct.Q4_1.gguf
 CKPT     := checkpoints/smollm2-135m-instruct
+# The trained demo head shipped in the repo (docs/demo_head.md says how it was made).
+HEAD     := heads/smollm2-135m-instruct
 ENGINE   := engines/smollm2-135m-eagle3
 PROMPT   ?= Write a Python function that checks whether a number is prime.
 PYTEST_ARGS ?=
@@ -37,8 +39,8 @@ $(GGUF):
 
 model: venv $(GGUF)
 
-$(CKPT)/convert.json: | venv $(GGUF)
-	$(EAGLE) convert $(GGUF) --output $(CKPT) --force
+$(CKPT)/convert.json: $(HEAD)/model.safetensors | venv $(GGUF)
+	$(EAGLE) convert $(GGUF) --output $(CKPT) --head $(HEAD) --force
 
 checkpoint: $(CKPT)/convert.json
 

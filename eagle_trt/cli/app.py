@@ -12,12 +12,14 @@ from __future__ import annotations
 import typer
 
 from eagle_trt import __version__
+from eagle_trt.cli.bench_cmd import bench
 from eagle_trt.cli.build_cmd import build
 from eagle_trt.cli.common import EXIT_CODES_HELP
 from eagle_trt.cli.config_cmd import config_app
 from eagle_trt.cli.convert_cmd import convert
 from eagle_trt.cli.inspect_cmd import inspect
 from eagle_trt.cli.run_cmd import run
+from eagle_trt.cli.tune_cmd import tune
 
 app = typer.Typer(
     name="eagle-trt",
@@ -31,6 +33,8 @@ app.command()(convert)
 app.command()(build)
 app.command()(run)
 app.command()(inspect)
+app.command()(bench)
+app.command()(tune)
 app.add_typer(config_app, name="config")
 
 

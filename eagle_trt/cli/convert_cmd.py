@@ -39,6 +39,10 @@ def convert(
                                            help="Measure tau on held-out prompts after training.")] = True,
     head: Annotated[Optional[Path], typer.Option(
         help="Ship an already trained head dir (config.json + model.safetensors) instead of a new one.")] = None,
+    calibrate_kv: Annotated[bool, typer.Option(
+        "--calibrate-kv/--no-calibrate-kv",
+        help="Calibrate FP8 KV-cache scales (kv_scales.safetensors) and report how much greedy output FP8 KV "
+             "keeps against fp32 KV. Needed for `kv_cache_dtype: fp8` engines.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it already exists.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -56,7 +60,7 @@ def convert(
         steps=steps, epochs=epochs, data=data or None, draft_vocab_size=draft_vocab_size, seq_len=seq_len,
         batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, ttt_steps=ttt_steps, regenerate=regenerate,
         max_new_tokens=max_new_tokens, resume=resume, work_dir=work_dir, checkpoint_every=checkpoint_every,
-        seed=seed, validate=validate, head=head, overwrite=force), json_out)
+        seed=seed, validate=validate, head=head, calibrate_kv=calibrate_kv, overwrite=force), json_out)
 
 
 def _convert(model, output, options: dict, json_out) -> None:

@@ -108,6 +108,9 @@ def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, t
     result = session.runner.generate(ids, opts, on_tokens=on_tokens)
     text = session.tokenizer.decode(result.token_ids, skip_special_tokens=True)
     metrics = result.metrics.to_dict()
+    reasons = (["typical acceptance (--posterior-threshold)"] if opts.lossy else []) + (
+        ["fp8 KV cache"] if session.config.kv_cache_dtype == "fp8" else [])
+    metrics["lossy"], metrics["lossy_reasons"] = bool(reasons), reasons
     if json_out:
         print_json({"text": text, "token_ids": result.token_ids, "prompt_token_ids": ids,
                     "options": {k: v for k, v in vars(opts).items() if k != "eos_token_ids"}, "metrics": metrics})
@@ -119,7 +122,7 @@ def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, t
 def metrics_table(m: dict) -> Table:
     title = f"{m['mode']} decoding" + (f", T={m['temperature']:g}" if m.get("temperature") else "")
     if m.get("lossy"):
-        title += " [LOSSY: typical acceptance]"
+        title += f" [LOSSY: {', '.join(m['lossy_reasons'])}]"
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")

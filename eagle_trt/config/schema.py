@@ -63,8 +63,10 @@ class EagleConfig(BaseModel):
     )
     kv_cache_dtype: Literal["auto", "float32", "float16", "bfloat16", "fp8"] = Field(
         "auto",
-        description="KV-cache dtype; auto means the same as dtype. fp8 (float8 e4m3 with per-layer scales) "
-        "works on both backends.",
+        description="KV-cache dtype; auto means the same as dtype. fp8 (float8 e4m3 with per-layer scales "
+        "calibrated by `convert`) works on both backends and stores 4x fewer KV bytes than fp32. LOSSY against a "
+        "full-precision cache: it changes some greedy tokens (convert reports the agreement), and over an FP8 "
+        "cache speculative output can differ from plain decoding where K/V rounding lands on an FP8 boundary.",
     )
     eagle_architecture: EagleArchitecture | None = Field(
         None, description="Draft head shape; omit (null) to derive it from the checkpoint."

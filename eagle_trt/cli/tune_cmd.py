@@ -1,0 +1,119 @@
+"""`eagle-trt tune`: measure this machine's verify and draft costs and the head's acceptance, pick the
+tree settings with the best expected tokens/s, and store them as the engine's defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from eagle_trt.cli.common import EngineOpt, JsonOpt, SkipVerifyOpt, console, err_console, handle_errors, print_json
+from eagle_trt.errors import InputError
+
+
+def tune(
+    engine: EngineOpt,
+    prompts: Annotated[str, typer.Option(help="Calibration prompts: chat, humaneval or a .jsonl file.")] = "chat",
+    limit: Annotated[int, typer.Option(help="Calibration prompts used (round-robin over categories).")] = 6,
+    max_new_tokens: Annotated[int, typer.Option(help="AR tokens generated per calibration prompt.")] = 64,
+    positions: Annotated[int, typer.Option(help="Draft positions scored per prompt.")] = 16,
+    max_depth: Annotated[int, typer.Option(help="Deepest draft_length considered (at least the engine's).")] = 8,
+    beams: Annotated[str, typer.Option(help="Beam widths considered, comma-separated (capped at the "
+                                       "engine's max_beam_width, which is always included).")] = "1,2,4,8",
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (use what you will run with).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the choice without storing it.")] = False,
+    top: Annotated[int, typer.Option(help="Rows of the ranking to print.")] = 10,
+    json_out: JsonOpt = False,
+    skip_verify: SkipVerifyOpt = False,
+) -> None:
+    """Choose total_tokens, draft_length and beam_width for this machine and store them in the engine.
+
+    The choice maximizes tau / (draft + head update + verify) with every term measured here: the
+    verify-cost curve (target forward time against tree tokens), the draft cost per beam width and
+    depth, and the head's acceptance on calibration prompts. The result goes to ENGINE/tuned.json (listed
+    in manifest.json with its hash); `eagle-trt run` and `bench` then use it unless options override it.
+
+    Example: eagle-trt tune --engine engines/smollm2-135m-eagle3
+    """
+    handle_errors(_tune)(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, threads, dry_run, top,
+                         json_out, skip_verify)
+
+
+def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, threads, dry_run, top, json_out,
+          skip_verify) -> None:
+    import torch
+
+    from eagle_trt.bench.prompts import load_prompts
+    from eagle_trt.bench.tune import store_tuned, tune_engine
+    from eagle_trt.runtime.session import Session
+
+    if not Path(engine).exists():
+        raise InputError(f"engine dir '{engine}' does not exist", hint="build one with `eagle-trt build --config ...`")
+    for name, value in (("--max-new-tokens", max_new_tokens), ("--positions", positions),
+                        ("--max-depth", max_depth), ("--limit", limit)):
+        if value < 1:
+            raise InputError(f"{name} must be >= 1, got {value}")
+    try:
+        beam_list = [int(b) for b in beams.split(",") if b.strip()]
+    except ValueError:
+        raise InputError(f"--beams must be comma-separated integers, got {beams!r}") from None
+    if not beam_list or min(beam_list) < 1:
+        raise InputError(f"--beams must list integers >= 1, got {beams!r}")
+    if threads is not None:
+        if threads < 1:
+            raise InputError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    session = Session.open(engine, verify=not skip_verify)
+    cfg = session.config
+    if cfg.backend != "torch":
+        raise InputError("eagle-trt tune measures torch engines; this one is built for TensorRT-LLM")
+    if max_new_tokens > cfg.max_output_len:
+        raise InputError(f"--max-new-tokens {max_new_tokens} exceeds the engine's max_output_len {cfg.max_output_len}")
+    encoded = [p.encode(session.tokenizer)[-session.runner.max_input_len:] for p in load_prompts(prompts, limit)]
+
+    def progress(msg: str) -> None:
+        if not json_out:
+            err_console.print(f"[dim]{msg}[/]", soft_wrap=True)
+
+    result = tune_engine(session, encoded, max_new_tokens, positions, max_depth, beam_list, progress=progress)
+    best, default = result["best"], result["default"]
+    stored = None
+    if not dry_run:
+        info = {"default_predicted_tokens_per_second": round(default["predicted_tokens_per_second"], 3)
+                if default else None,
+                "ar_predicted_tokens_per_second": round(result["ar_predicted_tokens_per_second"], 3),
+                "threads": torch.get_num_threads(), "calibration": f"{prompts} x{len(encoded)}"}
+        stored = str(store_tuned(session.engine.root, best, info))
+    if json_out:
+        print_json({**result, "ranked": result["ranked"][:top], "stored": stored})
+        return
+    table = Table(title="eagle-trt tune: predicted tokens/s (best first)", title_justify="left")
+    table.add_column("", no_wrap=True)
+    for col in ("beam", "depth", "total", "τ", "draft ms", "update ms", "verify ms", "tok/s"):
+        table.add_column(col, justify="right")
+    rows = result["ranked"][:top]
+    if default and default not in rows:
+        rows = rows + [default]
+    for r in rows:
+        mark = "best" if r is best else ("build default" if r is default else "")
+        table.add_row(mark, str(r["beam_width"]), str(r["draft_length"]), str(r["total_tokens"]), f"{r['tau']:.2f}",
+                      f"{r['draft_ms']:.1f}", f"{r['extend_ms']:.1f}", f"{r['verify_ms']:.1f}",
+                      f"{r['predicted_tokens_per_second']:.1f}")
+    console.print(table)
+    m = result["measured"]
+    console.print(f"measured on {m['positions']} positions of {m['prompts']} prompts, {m['threads']} threads, "
+                  f"in {m['seconds']:.0f}s; plain AR predicted {result['ar_predicted_tokens_per_second']:.1f} tok/s")
+    line = (f"best: beam_width={best['beam_width']} draft_length={best['draft_length']} "
+            f"total_tokens={best['total_tokens']} ({best['predicted_tokens_per_second']:.1f} tok/s predicted")
+    if default:
+        line += f", build default {default['predicted_tokens_per_second']:.1f})"
+    else:
+        line += ")"
+    console.print(line)
+    if result["ar_predicted_tokens_per_second"] > best["predicted_tokens_per_second"]:
+        console.print(f"[yellow]note:[/] plain AR decoding ({result['ar_predicted_tokens_per_second']:.1f} tok/s "
+                      f"predicted) beats every tree setting with this head (τ {best['tau']:.2f}); train the head, "
+                      "or run with --mode ar")
+    console.print(f"stored in {stored}" if stored else "dry run: nothing stored")

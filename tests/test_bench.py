@@ -1,0 +1,161 @@
+"""`eagle-trt bench` on a tiny engine: every method runs, the lossless check fires, the report is written;
+plus the pure statistics and the prompt sets."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from eagle_trt.bench import stats
+from eagle_trt.bench.prompts import Prompt, load_chat_set, load_prompts, select
+from eagle_trt.cli.app import app
+
+torch.set_num_threads(1)
+cli = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    r = cli.invoke(app, ["convert", str(tiny_model_dir), "--output", str(tmp / "ckpt"), "--json"])
+    assert r.exit_code == 0, r.output
+    cfg = tmp / "cfg.yaml"
+    cfg.write_text(f"name: tiny\ncheckpoint_dir: {tmp / 'ckpt'}\nmax_input_len: 64\nmax_output_len: 128\n")
+    r = cli.invoke(app, ["build", "--config", str(cfg), "--output", str(tmp / "engine")])
+    assert r.exit_code == 0, r.output
+    return tmp / "engine"
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "p.jsonl"
+    rows = [{"id": "a", "prompt": "Hello world"}, {"id": "b", "category": "x", "prompt": "abc abc abc", "chat": False},
+            {"id": "c", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
+                                     {"role": "user", "content": "more"}]}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_bench_runs_every_method_and_writes_the_report(engine, prompt_file, tmp_path):
+    out = tmp_path / "out"
+    r = cli.invoke(app, ["bench", "--engine", str(engine), "--prompts", str(prompt_file), "--max-new-tokens", "12",
+                         "--repeats", "2", "--out", str(out), "--skip-verify"])
+    assert r.exit_code == 0, r.output
+    assert "vs hf" in r.stdout and "roofline" in r.stdout
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["summary"]) == {"hf", "hf-assisted", "ar", "chain", "tree"}
+    assert len(res["runs"]) == 3 * 5 * 2 and not res["failures"]
+    assert all(c["match"] for c in res["checks"] if c["fatal"]) and len([c for c in res["checks"] if c["fatal"]]) == 12
+    tree = res["summary"]["tree"]
+    assert tree["acceptance_length"] >= 1 and tree["draft_ms_per_step"] > 0 and tree["acceptance_per_depth"]
+    assert res["summary"]["hf"]["acceptance_length"] is None
+    sp = res["speedups"]["tree"]["ar"]
+    assert 0 < sp["min"] <= sp["median"]
+    assert set(res["per_prompt"]) == {"a", "b", "c"}
+    roof = res["roofline"]
+    assert roof["roofline_tokens_per_second"] > 0 and 0 < roof["ar_fraction_of_roofline"]
+    assert roof["forward_16_over_1"] > 0 and 0 < roof["tree_draft_share"] < 1
+    for name in ("report.md", "tokens_per_second.png", "tau_histogram.png", "verify_cost.png"):
+        assert (out / name).stat().st_size > 0, name
+    md = (out / "report.md").read_text()
+    assert "Lossless: all 12" in md and "## Roofline" in md and "| c | `tree` |" in md
+
+
+def test_bench_planted_mismatch_fails(engine, prompt_file, tmp_path, monkeypatch):
+    from eagle_trt.bench import methods
+
+    real = methods.OursMethod.run
+
+    def corrupt(self, ids, n):
+        out = real(self, ids, n)
+        if self.name == "chain":
+            out.token_ids = out.token_ids[:3] + [(out.token_ids[3] + 1) % 256] + out.token_ids[4:]
+        return out
+
+    monkeypatch.setattr(methods.OursMethod, "run", corrupt)
+    out = tmp_path / "out"
+    r = cli.invoke(app, ["bench", "--engine", str(engine), "--prompts", str(prompt_file), "--limit", "1",
+                         "--max-new-tokens", "8", "--repeats", "1", "--methods", "chain", "--out", str(out),
+                         "--no-roofline", "--no-plots"])
+    assert r.exit_code == 1, r.output
+    assert "1 speculative output(s) differ from plain AR decoding (first: chain on a, token 3)" in r.stderr
+    res = json.loads((out / "results.json").read_text())
+    assert res["config"]["methods"] == ["ar", "chain"]
+    assert res["failures"][0]["first_difference"] == 3
+    assert "FAILED: 1 of 1" in (out / "report.md").read_text()
+
+
+def test_bench_bad_input(engine, tmp_path):
+    r = cli.invoke(app, ["bench", "--engine", str(engine), "--methods", "tree,fast", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "unknown method(s) fast" in r.stderr
+    r = cli.invoke(app, ["bench", "--engine", str(engine), "--prompts", "nope", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "--prompts must be humaneval, chat or a .jsonl file" in r.stderr
+
+
+# ---- pure logic ----------------------------------------------------------------------------------
+
+def test_speedups_are_per_repeat_ratios():
+    tps = {"tree": [10.0, 30.0, 20.0], "ar": [5.0, 10.0, 10.0], "hf": [0.0, 1.0, 2.0]}
+    sp = stats.speedups(tps, ["ar", "hf", "missing"])
+    assert sp["tree"]["ar"] == {"min": 2.0, "median": 2.0}
+    assert sp["ar"]["ar"] == {"min": 1.0, "median": 1.0}
+    assert sp["tree"]["hf"] == {"min": 10.0, "median": 20.0}  # the zero-throughput repeat is skipped
+    assert "missing" not in sp["tree"]
+
+
+def test_throughput_acceptance_and_differences():
+    runs = [{"method": "m", "repeat": 0, "tokens": 10, "seconds": 1.0},
+            {"method": "m", "repeat": 0, "tokens": 30, "seconds": 1.0},
+            {"method": "m", "repeat": 1, "tokens": 40, "seconds": 4.0}]
+    assert stats.throughput_per_repeat(runs, "m", 2) == [20.0, 10.0]
+    acc = stats.acceptance([(2, 3), (0, 3), (1, 1)])
+    assert acc.tau == pytest.approx(2.0) and acc.per_depth == [pytest.approx(2 / 3), 0.5, 0.0]
+    assert stats.acceptance([]).tau == 1.0
+    assert stats.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert stats.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert stats.first_difference([1, 2], [1, 2, 3]) == 2
+    assert stats.summarize([4.0, 1.0, 3.0])["median"] == 3.0
+    assert stats.roofline(100, 1000.0) == 10.0
+
+
+def test_interpolate():
+    curve = {1: 10.0, 4: 10.0, 8: 18.0}
+    assert stats.interpolate(curve, 6) == pytest.approx(14.0)
+    assert stats.interpolate(curve, 4) == 10.0
+    assert stats.interpolate(curve, 16) == pytest.approx(34.0)  # linear past the end
+    assert stats.interpolate({3: 2.0}, 9) == 2.0
+
+
+def test_prompt_sets():
+    chat = load_chat_set()
+    cats = {p.category for p in chat}
+    assert 45 <= len(chat) <= 60 and len({p.id for p in chat}) == len(chat)
+    assert {"writing", "coding", "reasoning", "extraction", "translation", "summarization", "multi-turn"} <= cats
+    assert any(len(p.messages) == 3 for p in chat)
+    mixed = select(chat, 7)
+    assert len({p.category for p in mixed}) == 7
+    he = load_prompts("humaneval", 2)
+    assert he[0].id == "HumanEval/0" and he[0].text.startswith("from typing import List") and not he[0].chat
+
+
+def test_prompt_file_errors(tmp_path):
+    from eagle_trt.errors import InputError
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"nothing": 1}\n')
+    with pytest.raises(InputError, match="bad.jsonl:2: needs a non-empty 'prompt'"):
+        load_prompts(str(bad))
+    with pytest.raises(InputError, match="--limit must be >= 1"):
+        load_prompts("chat", 0)
+
+
+def test_prompt_encoding_uses_the_chat_template(engine):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(engine / "tokenizer"))
+    chat = Prompt("x", "c", messages=[{"role": "user", "content": "hi"}])
+    assert chat.encode(tok) == list(tok.apply_chat_template(chat.messages, add_generation_prompt=True,
+                                                            tokenize=True)["input_ids"])
+    raw = Prompt("y", "c", text="abc", chat=False)
+    assert raw.encode(tok) == tok("abc").input_ids

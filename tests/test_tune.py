@@ -1,0 +1,162 @@
+"""`eagle-trt tune`: the choice logic on synthetic curves, the replay scorer, and storing tuned.json
+into a hash-verified engine that Session then prefers."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from eagle_trt.bench.tune import Setting, accepted_lengths, candidate_count, candidate_settings, choose, predict_tps
+from eagle_trt.cli.app import app
+
+torch.set_num_threads(1)
+cli = CliRunner()
+
+
+def test_candidate_settings_respect_depth_room_and_tree_size():
+    s = candidate_settings([1, 4], max_depth=3, room=20)
+    assert Setting(1, 2, 2) in s and Setting(1, 2, 3) not in s  # a chain has only d nodes
+    assert all(x.draft_length <= x.total_tokens <= min(candidate_count(x.beam_width, x.draft_length), 20) for x in s)
+    assert Setting(4, 3, 20) in s and not any(x.total_tokens > 20 for x in s)
+    assert Setting(8, 6, 32) in candidate_settings([1], 2, 64, include=[Setting(8, 6, 32)])
+    assert candidate_count(8, 6) == 8 + 5 * 64
+
+
+def test_choose_flat_verify_curve_prefers_a_big_tree():
+    # Verifying up to 32 tokens costs the same as one (memory-bound), drafting is cheap: take the big tree.
+    verify = {1: 10.0, 33: 10.0, 65: 20.0}
+    draft = {(1, 1): 0.5, (4, 4): 2.0}
+    extend = {1: 0.2, 5: 0.4}
+    taus = {Setting(1, 1, 1): 1.6, Setting(4, 4, 8): 2.5, Setting(4, 4, 32): 3.0, Setting(4, 4, 64): 3.1}
+    ranked = choose(taus, verify, draft, extend)
+    assert (ranked[0]["beam_width"], ranked[0]["draft_length"], ranked[0]["total_tokens"]) == (4, 4, 32)
+    assert ranked[0]["predicted_tokens_per_second"] == pytest.approx(
+        predict_tps(3.0, 2.0, 0.2 + 0.2 * 2.0 / 4, 10.0))
+    # The 64-token tree gains little tau but pays nearly double verify.
+    assert ranked[-1]["total_tokens"] in (64, 1) and len(ranked) == 4
+
+
+def test_choose_steep_verify_curve_or_no_acceptance_prefers_a_small_tree():
+    verify = {1: 10.0, 2: 20.0, 9: 90.0, 33: 330.0}  # compute-bound: cost grows with every token
+    draft = {(1, 1): 0.5, (4, 4): 2.0, (1, 4): 2.0}
+    extend = {1: 0.1}
+    taus = {Setting(1, 1, 1): 1.5, Setting(4, 4, 8): 2.5, Setting(4, 4, 32): 3.0, Setting(1, 4, 4): 2.0}
+    assert choose(taus, verify, draft, extend)[0]["total_tokens"] == 1
+    # An untrained head (tau = 1 everywhere): the cheapest step wins even on a flat curve.
+    flat = {1: 10.0, 33: 10.0}
+    ones = {s: 1.0 for s in taus}
+    best = choose(ones, flat, draft, extend)[0]
+    assert (best["beam_width"], best["draft_length"], best["total_tokens"]) == (1, 1, 1)
+
+
+def test_choose_ties_go_to_the_smaller_tree():
+    ranked = choose({Setting(2, 2, 4): 2.0, Setting(2, 2, 3): 2.0}, {1: 5.0, 10: 5.0}, {(2, 2): 1.0}, {1: 0.0})
+    assert ranked[0]["total_tokens"] == 3
+
+
+def test_accepted_lengths_replays_greedy_verification():
+    # Candidates (creation order): depth 1: A(-1) B(-1); depth 2: A->C, A->D, B->E.
+    tokens = torch.tensor([10, 11, 12, 13, 14])
+    parents = torch.tensor([-1, -1, 0, 0, 1])
+    depths = torch.tensor([1, 1, 2, 2, 2])
+    scores = torch.tensor([-0.1, -1.0, -0.5, -0.2, -1.5])
+    cont = [10, 13, 99]
+    out = accepted_lengths(scores, parents, depths, tokens, cont, [(1, 1), (2, 1), (2, 2), (2, 4), (2, 5)])
+    # N=1 keeps A only; N=2 keeps A, D (score -0.2 beats B's -1.0): A->D matches both steps.
+    assert out == {(1, 1): 1, (2, 1): 1, (2, 2): 2, (2, 4): 2, (2, 5): 2}
+    miss = accepted_lengths(scores, parents, depths, tokens, [11, 14], [(2, 2), (2, 5)])
+    assert miss == {(2, 2): 0, (2, 5): 2}  # B is only kept in the larger tree
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, tiny_head_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tune")
+    r = cli.invoke(app, ["convert", str(tiny_model_dir), "--output", str(tmp / "ckpt"), "--json"])
+    assert r.exit_code == 0, r.output
+    cfg = tmp / "cfg.yaml"
+    cfg.write_text(f"name: tiny\ncheckpoint_dir: {tmp / 'ckpt'}\nmax_input_len: 64\nmax_output_len: 128\n")
+    r = cli.invoke(app, ["build", "--config", str(cfg), "--output", str(tmp / "engine")])
+    assert r.exit_code == 0, r.output
+    return tmp / "engine"
+
+
+def test_replay_matches_the_runtime_step_by_step(engine):
+    """The replayed acceptance at each verify step's root equals what the decode loop accepted there.
+
+    (With the random tiny head most counts are 0; a trained tiny head was checked the same way by hand.)"""
+    from eagle_trt.bench.tune import replay
+    from eagle_trt.runtime.session import Session
+
+    session = Session.open(engine, verify=False)
+    ids = session.encode("Hello world")
+    ar = session.runner.generate(ids, session.decode_options(mode="ar", max_new_tokens=24, tuned=False)).token_ids
+    for st in (Setting(4, 3, 8), Setting(1, 2, 2)):
+        opts = session.decode_options(tree="dynamic", beam_width=st.beam_width, draft_length=st.draft_length,
+                                      total_tokens=st.total_tokens, max_new_tokens=24, fallback_after=0, tuned=False)
+        steps = session.runner.generate(ids, opts).metrics.steps
+        roots, n = [], len(ids)
+        for step in steps:
+            roots.append(n)
+            n += step.accepted + 1
+        keep = [i for i, r in enumerate(roots) if r + st.draft_length < len(ids) + len(ar)]
+        per_root, _ = replay(session, ids + ar, [roots[i] for i in keep], [st])
+        assert [per_root[roots[i]][st] for i in keep] == [steps[i].accepted for i in keep]
+
+
+def test_tune_stores_verified_defaults_that_session_and_bench_use(engine, tmp_path):
+    from eagle_trt.engine import open_engine
+    from eagle_trt.runtime.session import Session
+
+    r = cli.invoke(app, ["tune", "--engine", str(engine), "--limit", "2", "--max-new-tokens", "24", "--positions",
+                         "4", "--max-depth", "6", "--beams", "1,4", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    best = res["best"]
+    assert res["stored"] and res["default"]["total_tokens"] == 32 and res["default"]["beam_width"] == 8
+    assert best["predicted_tokens_per_second"] >= res["default"]["predicted_tokens_per_second"]
+    assert {"1", "16", "65"} <= set(res["measured"]["verify_ms"])  # up to the largest tree + root
+    eng = open_engine(engine, verify=True)  # the manifest lists tuned.json with its hash
+    assert "tuned.json" in eng.manifest.files
+    session = Session.open(engine)
+    opts = session.decode_options()
+    assert (opts.beam_width, opts.draft_length, opts.total_tokens) == (
+        best["beam_width"], best["draft_length"], best["total_tokens"])
+    assert session.decode_options(tuned=False).total_tokens == 32
+    assert session.decode_options(total_tokens=40).total_tokens == 40  # explicit options still win
+    # Output stays identical to AR with the tuned tree.
+    ids = session.encode("Hello world")
+    ar = session.runner.generate(ids, session.decode_options(mode="ar", max_new_tokens=16)).token_ids
+    assert session.runner.generate(ids, session.decode_options(max_new_tokens=16)).token_ids == ar
+    # The bench compares the tuned tree with the build defaults.
+    out = tmp_path / "b"
+    r = cli.invoke(app, ["bench", "--engine", str(engine), "--prompts", "chat", "--limit", "2", "--max-new-tokens",
+                         "8", "--repeats", "1", "--methods", "tree,tree-untuned", "--out", str(out), "--no-plots",
+                         "--no-roofline"])
+    assert r.exit_code == 0, r.output
+    bench = json.loads((out / "results.json").read_text())
+    assert bench["tuned"]["total_tokens"] == best["total_tokens"]
+    assert bench["methods"]["tree-untuned"]["total_tokens"] == 32
+    assert "tree-untuned" in bench["speedups"]["tree"]
+    # Tampering with tuned.json is caught like any engine file.
+    tuned = engine / "tuned.json"
+    tuned.write_text(tuned.read_text().replace('"total_tokens": ', '"total_tokens":  '))
+    r = cli.invoke(app, ["run", "--engine", str(engine), "--prompt", "hi"])
+    assert r.exit_code == 2 and "tuned.json" in r.stderr
+
+
+def test_unlisted_tuned_json_is_ignored(engine, tmp_path):
+    import shutil
+
+    from eagle_trt.runtime.session import Session
+
+    copy = tmp_path / "engine"
+    shutil.copytree(engine, copy)
+    (copy / "tuned.json").unlink(missing_ok=True)
+    from eagle_trt.engine.manifest import read_manifest, write_manifest
+
+    m = read_manifest(copy)
+    files = {k: v for k, v in m.files.items() if k != "tuned.json"}
+    write_manifest(m.model_copy(update={"files": files}), copy)
+    (copy / "tuned.json").write_text(json.dumps({"total_tokens": 3, "draft_length": 1, "beam_width": 1}))
+    assert Session.open(copy, verify=False).decode_options().total_tokens == 32
