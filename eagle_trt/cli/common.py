@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -24,6 +24,22 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on 
 EngineOpt = Annotated[Path, typer.Option("--engine", "-e", help="Engine dir written by `eagle-trt build`.")]
 SkipVerifyOpt = Annotated[bool, typer.Option(
     "--skip-verify", help="Do not check the sha256 of every engine file on load (faster, less safe).")]
+
+
+ThreadsOpt = Annotated[Optional[int], typer.Option(
+    "--threads", help="CPU threads for torch (default: all cores). On a busy machine use fewer: a thread that "
+                      "waits for a busy core stalls every matrix product.")]
+
+
+def apply_threads(threads: int | None) -> None:
+    if threads is not None:
+        from eagle_trt.errors import InputError
+
+        if threads < 1:
+            raise InputError(f"--threads must be >= 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def debug_enabled() -> bool:

@@ -9,7 +9,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from eagle_trt.cli.common import EngineOpt, JsonOpt, SkipVerifyOpt, console, handle_errors, print_json
+from eagle_trt.cli.common import (EngineOpt, JsonOpt, SkipVerifyOpt, ThreadsOpt, apply_threads, console, handle_errors,
+                                  print_json)
 from eagle_trt.errors import InputError
 
 
@@ -46,6 +47,7 @@ def run(
                                        "prompt exactly as tokenizer(prompt).input_ids.")] = True,
     json_out: JsonOpt = False,
     skip_verify: SkipVerifyOpt = False,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Generate text with an engine and report acceptance length, tokens/s and the draft/verify time split.
 
@@ -53,7 +55,7 @@ def run(
 
     Example: eagle-trt run --engine engines/smollm2-135m-eagle3 --prompt "Write a haiku about the sea"
     """
-    sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+    sampling = dict(threads=threads, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                     posterior_threshold=posterior_threshold, fallback_after=fallback_after,
                     fallback_tokens=fallback_tokens)
     handle_errors(_run)(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, total_tokens,
@@ -61,6 +63,7 @@ def run(
 
 
 def _check_sampling(s: dict) -> None:
+    apply_threads(s.pop("threads"))
     if s["temperature"] < 0:
         raise InputError(f"--temperature must be >= 0, got {s['temperature']}")
     if not 0 < s["top_p"] <= 1:
