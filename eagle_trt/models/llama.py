@@ -112,6 +112,24 @@ class LlamaTarget:
         Returns logits [T, V] (or only `logits_rows`) and, with need_aux, the EAGLE-3 features
         [T, len(aux_layer_ids) * hidden]: outputs of the decoder layers in `aux_layer_ids`.
         """
+        hidden, aux = self.hidden_states(tokens, positions, cache, tree_mask, need_aux, logits_rows)
+        return self.logits(hidden), aux
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden [R, H] -> logits [R, V]. Split out so a verify pass can skip rows it never reads."""
+        return hidden @ self.lm_head
+
+    @torch.inference_mode()
+    def hidden_states(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        tree_mask: torch.Tensor | None = None,
+        need_aux: bool = False,
+        rows: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Like `forward`, but returns the final-normed hidden states [T (or rows), H] instead of logits."""
         s = self.spec
         t = tokens.shape[0]
         start = cache.length
@@ -139,9 +157,8 @@ class LlamaTarget:
             x = x + swiglu_mlp(rms_norm(x, lw.post_norm, s.rms_norm_eps), lw.gate_up, lw.down)
             if need_aux and i in self.aux_layer_ids:
                 aux.append(x)
-        x = rms_norm(x if logits_rows is None else x[logits_rows], self.norm, s.rms_norm_eps)
-        logits = x @ self.lm_head
+        x = rms_norm(x if rows is None else x[rows], self.norm, s.rms_norm_eps)
         if not need_aux:
-            return logits, None
+            return x, None
         # Order follows aux_layer_ids (ascending, as modelopt concatenates them).
-        return logits, torch.cat(aux, dim=-1)
+        return x, torch.cat(aux, dim=-1)

@@ -196,10 +196,19 @@ class Runner:
                 tree = self.drafter.draft_static(root, layout)
             t_verify = time.perf_counter()
             # One target forward over root + tree; node i sits at position n + depth(i).
-            logits, aux = self.target.forward(tree.tokens, tree.positions(n), self.cache, tree.mask, need_aux=True)
+            hidden, aux = self.target.hidden_states(tree.tokens, tree.positions(n), self.cache, tree.mask,
+                                                    need_aux=True)
             if self._params.greedy and opts.posterior_threshold is None:
-                path, bonus = verify_greedy(tree, logits.argmax(dim=-1))
+                # Logits only where a child is checked (the root and inner nodes); a leaf's only when the
+                # accepted path ends there (its bonus token). Saves most of the lm_head GEMM.
+                inner = torch.unique(torch.cat([tree.parents[1:], torch.zeros(1, dtype=torch.long)]))
+                target_next = torch.full_like(tree.tokens, -1)
+                target_next[inner] = self.target.logits(hidden[inner]).argmax(dim=-1)
+                path, bonus = verify_greedy(tree, target_next)
+                if bonus < 0:
+                    bonus = int(self.target.logits(hidden[path[-1:]]).argmax())
             else:
+                logits = self.target.logits(hidden)
                 outcome = verify_sampling(tree, processed_probs(logits, self._params) if not self._params.greedy
                                           else torch.softmax(logits.float(), -1), self._gen,
                                           opts.posterior_threshold, opts.posterior_alpha)
