@@ -60,3 +60,29 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_head_dir(tmp_path_factory) -> Path:
     return write_random_head(tmp_path_factory.mktemp("tiny") / "draft")
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_model_dir, tmp_path_factory) -> Path:
+    """`eagle-trt convert` of the tiny model (untrained head), made once through the CLI."""
+    from typer.testing import CliRunner
+
+    from eagle_trt.cli.app import app
+
+    out = tmp_path_factory.mktemp("ckpt") / "ckpt"
+    r = CliRunner().invoke(app, ["convert", str(tiny_model_dir), "--output", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def build_tiny_engine(checkpoint: Path, tmp: Path) -> Path:
+    """`eagle-trt build` of a tiny checkpoint into tmp/engine (each test module gets its own engine)."""
+    from typer.testing import CliRunner
+
+    from eagle_trt.cli.app import app
+
+    cfg = tmp / "cfg.yaml"
+    cfg.write_text(f"name: tiny\ncheckpoint_dir: {checkpoint}\nmax_input_len: 64\nmax_output_len: 128\n")
+    r = CliRunner().invoke(app, ["build", "--config", str(cfg), "--output", str(tmp / "engine")])
+    assert r.exit_code == 0, r.output
+    return tmp / "engine"

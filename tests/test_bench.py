@@ -16,15 +16,10 @@ cli = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("bench")
-    r = cli.invoke(app, ["convert", str(tiny_model_dir), "--output", str(tmp / "ckpt"), "--json"])
-    assert r.exit_code == 0, r.output
-    cfg = tmp / "cfg.yaml"
-    cfg.write_text(f"name: tiny\ncheckpoint_dir: {tmp / 'ckpt'}\nmax_input_len: 64\nmax_output_len: 128\n")
-    r = cli.invoke(app, ["build", "--config", str(cfg), "--output", str(tmp / "engine")])
-    assert r.exit_code == 0, r.output
-    return tmp / "engine"
+def engine(tiny_checkpoint, tmp_path_factory):
+    from conftest import build_tiny_engine
+
+    return build_tiny_engine(tiny_checkpoint, tmp_path_factory.mktemp("bench"))
 
 
 @pytest.fixture(scope="module")

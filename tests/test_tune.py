@@ -70,15 +70,10 @@ def test_accepted_lengths_replays_greedy_verification():
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir, tiny_head_dir, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("tune")
-    r = cli.invoke(app, ["convert", str(tiny_model_dir), "--output", str(tmp / "ckpt"), "--json"])
-    assert r.exit_code == 0, r.output
-    cfg = tmp / "cfg.yaml"
-    cfg.write_text(f"name: tiny\ncheckpoint_dir: {tmp / 'ckpt'}\nmax_input_len: 64\nmax_output_len: 128\n")
-    r = cli.invoke(app, ["build", "--config", str(cfg), "--output", str(tmp / "engine")])
-    assert r.exit_code == 0, r.output
-    return tmp / "engine"
+def engine(tiny_checkpoint, tmp_path_factory):
+    from conftest import build_tiny_engine
+
+    return build_tiny_engine(tiny_checkpoint, tmp_path_factory.mktemp("tune"))
 
 
 def test_replay_matches_the_runtime_step_by_step(engine):
