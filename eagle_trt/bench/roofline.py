@@ -7,21 +7,10 @@ all T, which is why verifying 16 draft tokens can cost little more than decoding
 
 from __future__ import annotations
 
-import statistics
-import time
 
 import torch
 
-
-def _median_time(fn, reps: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+from eagle_trt.bench.stats import median_seconds
 
 
 def copy_bandwidth(megabytes: int = 256, reps: int = 5) -> float:
@@ -29,7 +18,7 @@ def copy_bandwidth(megabytes: int = 256, reps: int = 5) -> float:
     n = max(megabytes, 1) * (1 << 20) // 4
     src = torch.ones(n, dtype=torch.float32)
     dst = torch.empty_like(src)
-    secs = _median_time(lambda: dst.copy_(src), reps)
+    secs = median_seconds(lambda: dst.copy_(src), reps)
     return 2 * src.numel() * src.element_size() / secs
 
 
@@ -64,7 +53,7 @@ def forward_curve(target, sizes: list[int], context: int = 128, reps: int = 5) -
         tokens = torch.randint(0, vocab, (t,), generator=g)
         positions = torch.arange(context, context + t)
         mask = torch.ones(t, t, dtype=torch.bool).tril_()
-        out[t] = _median_time(lambda: target.forward(tokens, positions, cache, mask if t > 1 else None,
+        out[t] = median_seconds(lambda: target.forward(tokens, positions, cache, mask if t > 1 else None,
                                                      need_aux=bool(target.aux_layer_ids)), reps)
     return out
 

@@ -20,17 +20,15 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
-from unittest import mock
 
 import torch
 
-from eagle_trt.bench.stats import interpolate
+from eagle_trt.bench.stats import interpolate, median_seconds
 
 TOTALS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
 
@@ -89,31 +87,10 @@ def choose(taus: dict[Setting, float], verify_ms: dict[int, float], draft_ms: di
 
 # ---- measurement ---------------------------------------------------------------------------------
 
-def _median_ms(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
-
-
-def _candidates(drafter, root: int, k: int, depth: int):
-    """Grow the full dynamic tree (no size cut) and return its candidates' (scores, parents, depths, tokens)."""
-    import eagle_trt.runtime.drafter as drafter_mod
-
-    seen = {}
-    original = drafter_mod.select_top_nodes
-
-    def capture(scores, parents, depths, total_tokens, min_score=None):
-        seen.update(scores=scores, parents=parents, depths=depths)
-        return original(scores, parents, depths, total_tokens, min_score)
-
-    with mock.patch.object(drafter_mod, "select_top_nodes", capture):
-        tree = drafter.draft_dynamic(root, k, depth, 1 << 30)
-    # Nothing was cut, so tree node j+1 is candidate j (creation order).
-    return seen["scores"], seen["parents"], seen["depths"], tree.tokens[1:]
+def _candidates(drafter, k: int, depth: int):
+    """The full dynamic tree's candidates (no size cut): (scores, parents, depths, tokens) in creation order."""
+    c = drafter.grow_candidates(k, depth)
+    return c.scores, c.parents, c.depths, c.tokens
 
 
 def accepted_lengths(scores, parents, depths, tokens, continuation: list[int], settings) -> dict:
@@ -167,7 +144,7 @@ def replay(session, seq: list[int], roots: list[int], settings: list[Setting]) -
         res = {}
         for k, pairs in by_beam.items():
             depth = max(d for d, _ in pairs)
-            cand = _candidates(drafter, seq[n], k, depth)
+            cand = _candidates(drafter, k, depth)
             for (d, total), acc in accepted_lengths(*cand, seq[n + 1: n + 1 + depth], pairs).items():
                 res[Setting(k, d, total)] = acc
         out[n] = res
@@ -225,7 +202,7 @@ def measure_costs(session, state: dict, settings: list[Setting], reps: int = 3) 
         biggest[key] = max(biggest.get(key, 0), s.total_tokens)
     for (k, d), total in sorted(biggest.items()):
         at_root()
-        draft[(k, d)] = _median_ms(lambda: drafter.draft_dynamic(seq[n], k, d, total), reps)
+        draft[(k, d)] = median_seconds(lambda: drafter.draft_dynamic(seq[n], k, d, total), reps) * 1e3
     max_depth = max(s.draft_length for s in settings)
     extend = {}
     for m in range(1, max_depth + 2):
@@ -233,7 +210,7 @@ def measure_costs(session, state: dict, settings: list[Setting], reps: int = 3) 
             at_root()
             drafter.extend(aux[n: n + m], torch.tensor(seq[n + 1: n + 1 + m]))
         if n + 1 + m <= len(seq):
-            extend[m] = _median_ms(feed, reps)
+            extend[m] = median_seconds(feed, reps) * 1e3
     at_root()
     max_tree = max(s.total_tokens for s in settings) + 1
     context = n

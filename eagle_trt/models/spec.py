@@ -23,6 +23,22 @@ def _rope(cfg: dict) -> tuple[float, dict | None]:
     return float(theta if theta is not None else 10000.0), scaling
 
 
+def _layer_shape(cfg: dict) -> dict:
+    """Fields a target layer and a draft layer read the same way from an HF-style config."""
+    heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
+    theta, scaling = _rope(cfg)
+    return dict(
+        hidden_size=hidden,
+        intermediate_size=int(cfg["intermediate_size"]),
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+    )
+
+
 def _eos_ids(cfg: dict) -> list[int]:
     eos = cfg.get("eos_token_id")
     if eos is None:
@@ -59,21 +75,11 @@ class TargetSpec:
                 f"(supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))})"
             )
         try:
-            heads = int(cfg["num_attention_heads"])
-            hidden = int(cfg["hidden_size"])
-            theta, scaling = _rope(cfg)
             return cls(
                 architecture=arch,
                 vocab_size=int(cfg["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
                 num_layers=int(cfg["num_hidden_layers"]),
-                num_heads=heads,
-                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_dim") or hidden // heads),
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope_theta=theta,
-                rope_scaling=scaling,
+                **_layer_shape(cfg),
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 # Qwen2 always has q/k/v biases; Llama only when attention_bias is set.
@@ -104,9 +110,6 @@ class DraftSpec:
     @classmethod
     def from_config(cls, cfg: dict, target: TargetSpec, source: str = "draft/config.json") -> "DraftSpec":
         try:
-            heads = int(cfg["num_attention_heads"])
-            hidden = int(cfg["hidden_size"])
-            theta, scaling = _rope(cfg)
             aux = cfg.get("eagle_aux_hidden_state_layer_ids")
             if not aux:
                 eagle_cfg = cfg.get("eagle_config") or {}
@@ -115,14 +118,7 @@ class DraftSpec:
                 n = target.num_layers
                 aux = sorted({1, max(0, n // 2 - 1), max(0, n - 4)})
             return cls(
-                hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
-                num_heads=heads,
-                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_dim") or hidden // heads),
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope_theta=theta,
-                rope_scaling=scaling,
+                **_layer_shape(cfg),
                 vocab_size=int(cfg.get("vocab_size", target.vocab_size)),
                 draft_vocab_size=int(cfg.get("draft_vocab_size") or cfg.get("vocab_size", target.vocab_size)),
                 aux_layer_ids=[int(a) for a in aux],

@@ -10,6 +10,8 @@ prefix and to its own ancestors. Tree entries go to cache slots after n and are 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from eagle_trt.models.draft_head import Eagle3DraftHead
@@ -62,9 +64,16 @@ class Drafter:
     def draft_dynamic(self, root: int, beam_width: int, depth: int, total_tokens: int,
                       confidence_threshold: float = 0.0) -> Tree:
         """EAGLE-2 dynamic tree: expand the best `beam_width` nodes per level, keep the best `total_tokens`."""
+        min_score = float(torch.log(torch.tensor(confidence_threshold))) if confidence_threshold > 0 else None
+        cand = self.grow_candidates(beam_width, depth, min_score)
+        kept, tree_par = select_top_nodes(cand.scores, cand.parents, cand.depths, total_tokens, min_score)
+        node_tokens = torch.cat([torch.tensor([root]), cand.tokens[kept]])
+        return tree_from_parents(node_tokens, torch.cat([torch.tensor([-1]), tree_par]))
+
+    def grow_candidates(self, beam_width: int, depth: int, min_score: float | None = None) -> "Candidates":
+        """Every candidate the beam expansion scores, in creation order (parents before children)."""
         k = beam_width
         d2t = self.head.draft_to_target
-        min_score = float(torch.log(torch.tensor(confidence_threshold))) if confidence_threshold > 0 else None
         state = _Expansion(width=k * max(depth - 1, 1))
         logp = torch.log_softmax(self.last_logits.float(), dim=-1)
         s, i = logp.topk(min(k, logp.numel()))
@@ -93,10 +102,7 @@ class Drafter:
             rows = best // s.shape[1]
             frontier, f_hidden, f_vis = count + best, out[rows], vis[rows]
             count += child_scores.numel()
-        kept, tree_par = select_top_nodes(torch.cat(scores), torch.cat(parents), torch.cat(depths),
-                                          total_tokens, min_score)
-        node_tokens = torch.cat([torch.tensor([root]), torch.cat(tokens)[kept]])
-        return tree_from_parents(node_tokens, torch.cat([torch.tensor([-1]), tree_par]))
+        return Candidates(torch.cat(scores), torch.cat(parents), torch.cat(depths), torch.cat(tokens))
 
     def draft_static(self, root: int, layout: StaticLayout) -> Tree:
         """Fill a fixed tree: node i is the ranks[i]-th best draft token after its parent."""
@@ -129,6 +135,16 @@ class Drafter:
             for j, node in enumerate(expand.tolist()):
                 logp_of[node] = logp[j]
         return tree_from_parents(tokens, layout.parents)
+
+
+@dataclass
+class Candidates:
+    """Draft candidates of one dynamic tree: cumulative log-prob, parent (-1 = root), depth, target token id."""
+
+    scores: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    tokens: torch.Tensor
 
 
 class _Expansion:
