@@ -135,7 +135,10 @@ def load_target(model_path: str | Path):
     """Load MODEL (HF dir or .gguf) as an fp32 causal LM. Returns (model, tokenizer, SourceInfo)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    # convert draws its own status lines; transformers' per-tensor bars would interleave with them.
+    hf_logging.disable_progress_bar()
     path = Path(model_path).expanduser().resolve()
     if not path.exists():
         raise InputError(

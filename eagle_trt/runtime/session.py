@@ -28,7 +28,9 @@ def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+        # clean_up_tokenization_spaces only suits WordPiece; off, decode gives the text as generated.
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False,
+                                             clean_up_tokenization_spaces=False)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{path}: cannot load the tokenizer ({e})") from None
 
