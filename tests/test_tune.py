@@ -76,27 +76,57 @@ def engine(tiny_checkpoint, tmp_path_factory):
     return build_tiny_engine(tiny_checkpoint, tmp_path_factory.mktemp("tune"))
 
 
-def test_replay_matches_the_runtime_step_by_step(engine):
-    """The replayed acceptance at each verify step's root equals what the decode loop accepted there.
+def _oracle_candidates(drafter, seq):
+    """Candidates that hold the true continuation of `seq` (corrupted at some depths) among wrong siblings,
+    so replay and the decode loop both see real, varied acceptance instead of the random head's zeros."""
+    from eagle_trt.runtime.drafter import Candidates
 
-    (With the random tiny head most counts are 0; a trained tiny head was checked the same way by hand.)"""
+    def grow(beam_width, depth, min_score=None):
+        n = drafter.length  # the root sits at position n
+        truth = list(seq[n + 1 : n + 1 + depth])
+        if n % 3 == 0 and len(truth) > 1:
+            truth[1] = (truth[1] + 1) % 250  # a wrong token mid-path: acceptance must stop there
+        scores, parents, depths, tokens = [], [], [], []
+        prev = -1
+        for d, tok in enumerate(truth, start=1):
+            right = len(tokens)
+            for j in range(min(beam_width, 2)):  # the right child, then a wrong sibling ranked below it
+                scores.append(-0.1 * d - j)
+                parents.append(prev)
+                depths.append(d)
+                tokens.append(tok if j == 0 else (tok + 7) % 250)
+            prev = right
+        return Candidates(torch.tensor(scores), torch.tensor(parents), torch.tensor(depths), torch.tensor(tokens))
+
+    return grow
+
+
+def test_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
+    """The replayed acceptance at each verify step's root equals what the decode loop accepted there."""
     from eagle_trt.bench.tune import replay
     from eagle_trt.runtime.session import Session
 
     session = Session.open(engine, verify=False)
     ids = session.encode("Hello world")
     ar = session.runner.generate(ids, session.decode_options(mode="ar", max_new_tokens=24, tuned=False)).token_ids
-    for st in (Setting(4, 3, 8), Setting(1, 2, 2)):
+    drafter = session.runner.drafter
+    monkeypatch.setattr(drafter, "grow_candidates", _oracle_candidates(drafter, ids + ar))
+    seen = set()
+    for st in (Setting(4, 3, 8), Setting(2, 4, 5), Setting(1, 2, 2)):
         opts = session.decode_options(tree="dynamic", beam_width=st.beam_width, draft_length=st.draft_length,
                                       total_tokens=st.total_tokens, max_new_tokens=24, fallback_after=0, tuned=False)
-        steps = session.runner.generate(ids, opts).metrics.steps
+        res = session.runner.generate(ids, opts)
+        assert res.token_ids == ar
         roots, n = [], len(ids)
-        for step in steps:
+        for step in res.metrics.steps:
             roots.append(n)
             n += step.accepted + 1
         keep = [i for i, r in enumerate(roots) if r + st.draft_length < len(ids) + len(ar)]
         per_root, _ = replay(session, ids + ar, [roots[i] for i in keep], [st])
-        assert [per_root[roots[i]][st] for i in keep] == [steps[i].accepted for i in keep]
+        accepted = [res.metrics.steps[i].accepted for i in keep]
+        assert [per_root[roots[i]][st] for i in keep] == accepted
+        seen.update(accepted)
+    assert len(seen) >= 3  # zero, partial and deep acceptance were all compared
 
 
 def test_tune_stores_verified_defaults_that_session_and_bench_use(engine, tmp_path):
