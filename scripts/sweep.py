@@ -4,6 +4,8 @@
     python scripts/sweep.py --engine engines/smollm2-135m-eagle3 --set confidence_threshold=0,0.001,0.01,0.05,0.2
     # sampling: eagle vs AR at T=0.7 and T=1.0
     python scripts/sweep.py --engine engines/smollm2-135m-eagle3 --set temperature=0.7,1.0 --with-ar
+    # several fields at once are zipped: (32, 8, 6), then (16, 4, 5)
+    python scripts/sweep.py --engine E --set total_tokens=32,16 --set beam_width=8,4 --set draft_length=6,5
 
 Each setting runs every prompt `--repeats` times (seeded); the table shows mean tau, mean tree size and
 min/median tokens/s (over prompts x repeats), and with --with-ar the AR run under the same setting.
@@ -51,7 +53,8 @@ def run_setting(session, prompts, overrides, repeats, max_new_tokens):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", required=True)
-    ap.add_argument("--set", required=True, help="name=v1,v2,... a DecodeOptions field and its values")
+    ap.add_argument("--set", required=True, action="append",
+                    help="name=v1,v2,... a DecodeOptions field and its values; repeat to zip several fields")
     ap.add_argument("--with-ar", action="store_true", help="also run plain decoding under each setting")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=96)
@@ -64,17 +67,22 @@ def main() -> None:
     from eagle_trt.runtime.session import Session
 
     session = Session.open(args.engine)
-    name, values = parse_set(args.set)
+    sets = [parse_set(spec) for spec in args.set]
+    if len({len(values) for _, values in sets}) != 1:
+        raise SystemExit("every --set needs the same number of values")
+    name = "/".join(n for n, _ in sets)
+    settings = [dict(zip([n for n, _ in sets], combo)) for combo in zip(*[v for _, v in sets])]
     prompts = PROMPTS[: args.limit]
     session.runner.generate(session.encode(prompts[0]), session.decode_options(max_new_tokens=8))  # warm-up
     table = Table(title=f"sweep of {name} ({len(prompts)} prompts x {args.repeats}, {args.max_new_tokens} tokens)")
     for col in (name, "tau", "tree size", "tok/s min", "tok/s median", "AR tok/s median", "speedup"):
         table.add_column(col, justify="right")
     results = []
-    for value in values:
-        res = {name: value, "eagle": run_setting(session, prompts, {name: value}, args.repeats, args.max_new_tokens)}
+    for setting in settings:
+        value = "/".join(str(v) for v in setting.values())
+        res = {**setting, "eagle": run_setting(session, prompts, setting, args.repeats, args.max_new_tokens)}
         if args.with_ar:
-            res["ar"] = run_setting(session, prompts, {name: value, "mode": "ar"}, args.repeats, args.max_new_tokens)
+            res["ar"] = run_setting(session, prompts, {**setting, "mode": "ar"}, args.repeats, args.max_new_tokens)
         e, a = res["eagle"], res.get("ar")
         speedup = f"{e['median_tps'] / a['median_tps']:.2f}x" if a else "-"
         table.add_row(str(value), f"{e['tau']:.2f}", f"{e['tree_size']:.1f}", f"{e['min_tps']:.1f}",

@@ -42,18 +42,26 @@ def _scales(amax: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def calibrate_kv_scales(checkpoint: str | Path, prompts: list[list[int]], new_tokens: int = 32) -> dict:
+def load_models(checkpoint: str | Path):
+    """(target, head) of a checkpoint in fp32, loaded once for calibration and the agreement check."""
+    from eagle_trt.models.draft_head import Eagle3DraftHead
+    from eagle_trt.models.llama import LlamaTarget
+
+    target = LlamaTarget.load(Path(checkpoint) / "target")
+    head = Eagle3DraftHead.load(Path(checkpoint) / "draft", target)
+    target.aux_layer_ids = list(head.spec.aux_layer_ids)
+    return target, head
+
+
+def calibrate_kv_scales(checkpoint: str | Path, prompts: list[list[int]], new_tokens: int = 32,
+                        models=None) -> dict:
     """Run the calibration prompts through target and head; write CKPT/kv_scales.safetensors atomically."""
     from safetensors.torch import save_file
 
-    from eagle_trt.models.draft_head import Eagle3DraftHead
-    from eagle_trt.models.llama import LlamaTarget
     from eagle_trt.runtime.drafter import Drafter
 
     ckpt = Path(checkpoint)
-    target = LlamaTarget.load(ckpt / "target")
-    head = Eagle3DraftHead.load(ckpt / "draft", target)
-    target.aux_layer_ids = list(head.spec.aux_layer_ids)
+    target, head = models or load_models(ckpt)
     s, d = target.spec, head.spec
     longest = max(len(p) for p in prompts) + new_tokens + 1
     t_cache = _AmaxCache(s.num_layers, s.num_kv_heads, s.head_dim, longest, torch.float32, torch.float32)
@@ -93,18 +101,15 @@ def calibrate_kv_scales(checkpoint: str | Path, prompts: list[list[int]], new_to
 
 
 @torch.inference_mode()
-def fp8_agreement(checkpoint: str | Path, prompts: list[list[int]], new_tokens: int = 64) -> dict:
+def fp8_agreement(checkpoint: str | Path, prompts: list[list[int]], new_tokens: int = 64, models=None) -> dict:
     """Greedy decoding with an FP8 KV cache (calibrated scales) against fp32 KV: token agreement and bytes."""
-    from eagle_trt.models.draft_head import Eagle3DraftHead
     from eagle_trt.models.kv_cache import FP8
-    from eagle_trt.models.llama import LlamaTarget
     from eagle_trt.models.weights import load_safetensors
     from eagle_trt.runtime.runner import DecodeOptions, Runner
 
     ckpt = Path(checkpoint)
     scales = load_safetensors(ckpt / KV_SCALES_FILE)
-    target = LlamaTarget.load(ckpt / "target")
-    head = Eagle3DraftHead.load(ckpt / "draft", target)
+    target, head = models or load_models(ckpt)
     cap = max(len(p) for p in prompts) + new_tokens + 300
     exact = Runner(target, head, cap)
     fp8 = Runner(target, head, cap, kv_dtype=FP8, k_scales=scales["target.k_scales"],

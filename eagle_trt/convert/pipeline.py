@@ -335,13 +335,14 @@ def _prepare_training(model, tokenizer, info, data, work: Path, stages: _Stages,
 
 def _calibrate(stage: Path, tokenizer, prompts, stages: _Stages) -> dict:
     """FP8 KV scales for target and head (CKPT/kv_scales.safetensors) + what FP8 KV keeps of greedy output."""
-    from .calibrate import calibrate_kv_scales, fp8_agreement
+    from .calibrate import calibrate_kv_scales, fp8_agreement, load_models
     from .validate import fallback_prompt_ids
 
     prompts = list(prompts) or fallback_prompt_ids(tokenizer)
     with stages.stage("calibrate", f"Calibrating FP8 KV scales on {len(prompts)} prompts"):
-        result = calibrate_kv_scales(stage, prompts, new_tokens=16)
-        result["fp8_vs_fp32"] = fp8_agreement(stage, prompts, new_tokens=32)
+        models = load_models(stage)
+        result = calibrate_kv_scales(stage, prompts, new_tokens=16, models=models)
+        result["fp8_vs_fp32"] = fp8_agreement(stage, prompts, new_tokens=32, models=models)
     return result
 
 
