@@ -8,9 +8,19 @@ from typing import Annotated, Optional
 
 import typer
 
-from eagle_trt.cli.common import (EngineOpt, JsonOpt, SkipVerifyOpt, console, err_console, fail, handle_errors,
-                                  print_json)
-from eagle_trt.errors import EXIT_FAILURE, InputError
+from eagle_trt.cli.common import (
+    EngineOpt,
+    JsonOpt,
+    SkipVerifyOpt,
+    apply_threads,
+    console,
+    err_console,
+    fail,
+    handle_errors,
+    print_json,
+    require_engine,
+)
+from eagle_trt.errors import EXIT_FAILURE
 
 
 def bench(
@@ -47,19 +57,13 @@ def bench(
 
 def _bench(engine, out, prompts, limit, max_new_tokens, repeats, methods, threads, roofline, plots, json_out,
            skip_verify) -> None:
-    import torch
-
     from eagle_trt.bench.harness import bench_engine
     from eagle_trt.bench.methods import parse_methods
     from eagle_trt.bench.report import summary_table
 
-    if not Path(engine).exists():
-        raise InputError(f"engine dir '{engine}' does not exist", hint="build one with `eagle-trt build --config ...`")
+    require_engine(engine)
     names = parse_methods(methods) if methods is not None else None
-    if threads is not None:
-        if threads < 1:
-            raise InputError(f"--threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
+    apply_threads(threads)
 
     def progress(msg: str) -> None:
         if not json_out:

@@ -42,6 +42,16 @@ def apply_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def require_engine(engine) -> None:
+    """The one check every engine command makes before loading anything."""
+    from pathlib import Path as _Path
+
+    from eagle_trt.errors import InputError
+
+    if not _Path(engine).exists():
+        raise InputError(f"engine dir '{engine}' does not exist", hint="build one with `eagle-trt build --config ...`")
+
+
 def debug_enabled() -> bool:
     return os.environ.get("EAGLE_TRT_DEBUG", "") not in ("", "0", "false")
 

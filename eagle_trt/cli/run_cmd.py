@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
-from eagle_trt.cli.common import (EngineOpt, JsonOpt, SkipVerifyOpt, ThreadsOpt, apply_threads, console, handle_errors,
-                                  print_json)
+from eagle_trt.cli.common import (
+    EngineOpt,
+    JsonOpt,
+    SkipVerifyOpt,
+    ThreadsOpt,
+    apply_threads,
+    console,
+    handle_errors,
+    print_json,
+    require_engine,
+)
 from eagle_trt.errors import InputError
 
 
@@ -93,8 +101,7 @@ def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, t
     _check_sampling(sampling)
     if not prompt.strip():
         raise InputError("the prompt is empty: give some text with --prompt")
-    if not Path(engine).exists():
-        raise InputError(f"engine dir '{engine}' does not exist", hint="build one with `eagle-trt build --config ...`")
+    require_engine(engine)
 
     session = Session.open(engine, verify=not skip_verify)
     opts = session.decode_options(max_new_tokens=max_new_tokens, mode=mode, tree=tree, draft_length=draft_length,

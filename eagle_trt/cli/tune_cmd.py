@@ -3,13 +3,22 @@ tree settings with the best expected tokens/s, and store them as the engine's de
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
-from eagle_trt.cli.common import EngineOpt, JsonOpt, SkipVerifyOpt, console, err_console, handle_errors, print_json
+from eagle_trt.cli.common import (
+    EngineOpt,
+    JsonOpt,
+    SkipVerifyOpt,
+    apply_threads,
+    console,
+    err_console,
+    handle_errors,
+    print_json,
+    require_engine,
+)
 from eagle_trt.errors import InputError
 
 
@@ -49,8 +58,7 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
     from eagle_trt.bench.tune import store_tuned, tune_engine
     from eagle_trt.runtime.session import Session
 
-    if not Path(engine).exists():
-        raise InputError(f"engine dir '{engine}' does not exist", hint="build one with `eagle-trt build --config ...`")
+    require_engine(engine)
     for name, value in (("--max-new-tokens", max_new_tokens), ("--positions", positions),
                         ("--max-depth", max_depth), ("--limit", limit)):
         if value < 1:
@@ -61,10 +69,7 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
         raise InputError(f"--beams must be comma-separated integers, got {beams!r}") from None
     if not beam_list or min(beam_list) < 1:
         raise InputError(f"--beams must list integers >= 1, got {beams!r}")
-    if threads is not None:
-        if threads < 1:
-            raise InputError(f"--threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
+    apply_threads(threads)
     session = Session.open(engine, verify=not skip_verify)
     cfg = session.config
     if cfg.backend != "torch":
