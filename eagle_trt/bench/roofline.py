@@ -26,9 +26,9 @@ def target_weight_bytes(target) -> int:
     """Bytes of target weights one decode step streams: every layer, the final norm, the LM head.
 
     The embedding table is excluded (a step reads one row of it) unless it is also the LM head."""
-    tensors = [target.norm, target.lm_head]
+    tensors = [target.norm, target.lm_head.w]
     for lw in target.layers:
-        tensors += [t for t in vars(lw).values() if isinstance(t, torch.Tensor)]
+        tensors += [getattr(t, "w", t) for t in vars(lw).values() if t is not None]
     seen, total = set(), 0
     for t in tensors:
         if t is None or id(t) in seen:

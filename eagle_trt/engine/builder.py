@@ -138,6 +138,23 @@ def check_backend(cfg: EagleConfig) -> list[str]:
                 f"kv_cache_dtype fp8 needs torch.float8_e4m3fn; torch {torch.__version__} has none",
                 hint="upgrade torch (>= 2.1) or set kv_cache_dtype: auto",
             )
+    return _cpu_dtype_warnings(cfg.dtype)
+
+
+def _cpu_dtype_warnings(dtype: str) -> list[str]:
+    """The torch engine runs where it is built far more often than not: say when its dtype will be slow here."""
+    import torch
+
+    from eagle_trt.models.gemm import cpu_has_native_bf16
+
+    if torch.cuda.is_available() or dtype == "float32":
+        return []
+    if dtype == "bfloat16" and not cpu_has_native_bf16():
+        return ["dtype bfloat16: this CPU has no AMX or AVX512-BF16, so bf16 matmuls are emulated and run far "
+                "slower than float32; build with dtype: float32 to run here"]
+    if dtype == "float16":
+        return ["dtype float16 on CPU has no fast kernels in the torch engine; use bfloat16 (CPUs with AMX or "
+                "AVX512-BF16) or float32"]
     return []
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from eagle_trt.errors import CheckpointError
+from eagle_trt.models.gemm import Projection
 from eagle_trt.models.kv_cache import KVCache
 from eagle_trt.models.layers import Rope, attention, rms_norm, swiglu_mlp
 from eagle_trt.models.spec import DraftSpec
@@ -39,26 +40,26 @@ class Eagle3DraftHead:
         n_aux = len(s.aux_layer_ids)
         self.spec, self.dtype, self.hidden_prenorm = spec, dtype, hidden_prenorm
         # Projections stored transposed, [in, out] (see models/llama.py for why).
-        self.fc = take(w, "fc.weight", (hidden, n_aux * hidden), source).t().contiguous()
+        self.fc = Projection(take(w, "fc.weight", (hidden, n_aux * hidden), source).t().contiguous())
         self.fc_bias = w.pop("fc.bias", None)
         p = "layers.0."
         self.hidden_norm = take(w, p + "hidden_norm.weight", (hidden,), source)
         self.input_norm = take(w, p + "input_layernorm.weight", (hidden,), source)
-        self.qkv = torch.cat([
+        self.qkv = Projection(torch.cat([
             take(w, p + "self_attn.q_proj.weight", (q_out, 2 * hidden), source),
             take(w, p + "self_attn.k_proj.weight", (kv_out, 2 * hidden), source),
             take(w, p + "self_attn.v_proj.weight", (kv_out, 2 * hidden), source),
-        ]).t().contiguous()
-        self.o = take(w, p + "self_attn.o_proj.weight", (hidden, q_out), source).t().contiguous()
+        ]).t().contiguous())
+        self.o = Projection(take(w, p + "self_attn.o_proj.weight", (hidden, q_out), source).t().contiguous())
         self.post_norm = take(w, p + "post_attention_layernorm.weight", (hidden,), source)
-        self.gate_up = torch.cat([
+        self.gate_up = Projection(torch.cat([
             take(w, p + "mlp.gate_proj.weight", (s.intermediate_size, hidden), source),
             take(w, p + "mlp.up_proj.weight", (s.intermediate_size, hidden), source),
-        ]).t().contiguous()
-        self.down = take(w, p + "mlp.down_proj.weight", (hidden, s.intermediate_size), source).t().contiguous()
+        ]).t().contiguous())
+        self.down = Projection(take(w, p + "mlp.down_proj.weight", (hidden, s.intermediate_size), source).t().contiguous())
         self.norm = take(w, "norm.weight", (hidden,), source)
         if "lm_head.weight" in w:
-            self.lm_head = take(w, "lm_head.weight", (s.draft_vocab_size, hidden), source).t().contiguous()
+            self.lm_head = Projection(take(w, "lm_head.weight", (s.draft_vocab_size, hidden), source).t().contiguous())
         elif s.draft_vocab_size == target.spec.vocab_size:
             self.lm_head = target.lm_head  # modelopt reuses the target's head when the vocab is not reduced
         else:
@@ -92,11 +93,11 @@ class Eagle3DraftHead:
     def new_cache(self, capacity: int, kv_dtype: torch.dtype | None = None, k_scales=None, v_scales=None) -> KVCache:
         s = self.spec
         return KVCache(1, s.num_kv_heads, s.head_dim, capacity, kv_dtype or self.dtype, self.dtype,
-                       k_scales, v_scales, device=self.fc.device)
+                       k_scales, v_scales, device=self.fc.w.device)
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """[T, n_aux * H] target features -> [T, H] draft input."""
-        out = aux @ self.fc
+        out = self.fc(aux)
         return out + self.fc_bias if self.fc_bias is not None else out
 
     @torch.inference_mode()
@@ -121,13 +122,13 @@ class Eagle3DraftHead:
         h_in = rms_norm(hidden, self.input_norm, eps) if self.hidden_prenorm else hidden
         x = torch.cat([rms_norm(self.embed[tokens], self.input_norm, eps), rms_norm(h_in, self.hidden_norm, eps)], -1)
         q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-        q, k, v = (x @ self.qkv).split((q_out, kv_out, kv_out), dim=-1)
+        q, k, v = self.qkv(x).split((q_out, kv_out, kv_out), dim=-1)
         q = self.rope.apply(q.view(t, s.num_heads, s.head_dim).transpose(0, 1), positions)
         k = self.rope.apply(k.view(t, s.num_kv_heads, s.head_dim).transpose(0, 1), positions)
         v = v.view(t, s.num_kv_heads, s.head_dim).transpose(0, 1)
         cache.write(0, start, k, v)
         kc, vc = cache.read(0, start + t)
-        out = hidden + attention(q, kc, vc, mask) @ self.o
+        out = hidden + self.o(attention(q, kc, vc, mask))
         out = out + swiglu_mlp(rms_norm(out, self.post_norm, eps), self.gate_up, self.down)
-        logits = rms_norm(out[-1:] if last_only else out, self.norm, eps) @ self.lm_head
+        logits = self.lm_head(rms_norm(out[-1:] if last_only else out, self.norm, eps))
         return logits, out

@@ -51,12 +51,20 @@ class Rope:
         self.cos = emb.cos().to(dtype)
         self.sin = emb.sin().to(dtype)
 
-    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # x: [H, T, D]; positions: [T]
-        cos, sin = self.cos[positions], self.sin[positions]  # [T, D]
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin rows [T, D] for these positions (gather once per forward, reuse in every layer)."""
+        return self.cos[positions], self.sin[positions]
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [heads, T, D]; cos/sin: [T, D]
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # x: [H, T, D]; positions: [T]
+        return self.rotate(x, *self.tables(positions))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -70,8 +78,30 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     return out[0].transpose(0, 1).reshape(t, h * d)
 
 
-def swiglu_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    # gate_up: [H, 2I] (gate columns, then up), fused so one GEMM reads both; down: [I, H].
-    gu = x @ gate_up
+def attention_fp64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Same contract as `attention`, computed in float64 and rounded once to q's dtype at the end.
+
+    Why: a fused attention kernel sums each row in an order that depends on how many query rows the call
+    has and where masked keys sit, so a tree-verify row and the one-token decode of the same position can
+    differ in the last bit. In bf16 that bit is often visible in the output and, through near-ties, in
+    the greedy token. In float64 every product of bf16/fp32 inputs is exact and the rounding error of
+    any summation order is ~2^-53, far below one bf16 or fp32 ulp, so the rounded result does not depend
+    on the row count or the key layout. tests/test_gemm.py checks that a T-token forward then equals
+    T one-token forwards bit for bit.
+    """
+    h, t, d = q.shape
+    hkv = k.shape[0]
+    g = h // hkv
+    scores = q.double().reshape(hkv, g * t, d) @ k.double().transpose(1, 2)  # [Hkv, G*T, S]
+    scores *= 1.0 / math.sqrt(d)
+    if mask is not None:
+        scores = scores.view(hkv, g, t, -1).masked_fill_(~mask, float("-inf")).view(hkv, g * t, -1)
+    out = torch.softmax(scores, dim=-1) @ v.double()  # [Hkv, G*T, D]
+    return out.view(h, t, d).to(q.dtype).transpose(0, 1).reshape(t, h * d)
+
+
+def swiglu_mlp(x: torch.Tensor, gate_up, down) -> torch.Tensor:
+    # gate_up: Projection [H, 2I] (gate columns, then up), fused so one GEMM reads both; down: [I, H].
+    gu = gate_up(x)
     gate, up = gu.chunk(2, dim=-1)
-    return (F.silu(gate) * up) @ down
+    return down(F.silu(gate) * up)

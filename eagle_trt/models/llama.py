@@ -16,23 +16,24 @@ from pathlib import Path
 
 import torch
 
+from eagle_trt.models.gemm import Projection
 from eagle_trt.models.kv_cache import KVCache
-from eagle_trt.models.layers import Rope, attention, rms_norm, swiglu_mlp
+from eagle_trt.models.layers import Rope, attention, attention_fp64, rms_norm, swiglu_mlp
 from eagle_trt.models.spec import TargetSpec
 from eagle_trt.models.weights import load_safetensors, read_json, take
 
 
 @dataclass
 class LayerWeights:
-    # Projections are stored transposed, [in, out], so `x @ w` runs as a plain GEMM: on CPU that is up to
-    # 1.8x faster than `x @ w.t()` for the 2..32-row inputs of tree verification (same speed at 1 row).
+    # Projections hold the weight transposed, [in, out], plus a prepacked copy for multi-row and bf16
+    # calls (see models/gemm.py).
     input_norm: torch.Tensor
-    qkv: torch.Tensor  # [hidden, (H + 2*Hkv) * D]: q columns, then k, then v
+    qkv: Projection  # [hidden, (H + 2*Hkv) * D]: q columns, then k, then v
     qkv_bias: torch.Tensor | None
-    o: torch.Tensor  # [H * D, hidden]
+    o: Projection  # [H * D, hidden]
     post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [hidden, 2I]: gate columns, then up
-    down: torch.Tensor  # [I, hidden]
+    gate_up: Projection  # [hidden, 2I]: gate columns, then up
+    down: Projection  # [I, hidden]
 
 
 class LlamaTarget:
@@ -41,11 +42,15 @@ class LlamaTarget:
         self.embed = embed
         self.layers: list[LayerWeights] = layers
         self.norm = norm
-        self.lm_head = lm_head  # [hidden, vocab]
+        self.lm_head = lm_head if isinstance(lm_head, Projection) else Projection(lm_head)  # [hidden, vocab]
         self.dtype = dtype
         self.rope = Rope(spec.head_dim, spec.rope_theta, spec.rope_scaling,
                          max_positions or spec.max_position_embeddings, dtype)
         self.aux_layer_ids: list[int] = []
+        # bf16/fp16: attention in float64 so a verify row is bit-identical to decoding that token alone (the
+        # prepacked bf16 GEMMs already are; see models/gemm.py and layers.attention_fp64). fp32 keeps the fused
+        # kernel: its last-bit differences sit far below any greedy tie seen in practice, and it is faster.
+        self.attend = attention if dtype == torch.float32 else attention_fp64
 
     # ---- loading -----------------------------------------------------------------------------
     @classmethod
@@ -75,12 +80,12 @@ class LlamaTarget:
             up = take(w, p + "mlp.up_proj.weight", (s.intermediate_size, s.hidden_size), source)
             layers.append(LayerWeights(
                 input_norm=take(w, p + "input_layernorm.weight", (s.hidden_size,), source),
-                qkv=torch.cat([q, k, v]).t().contiguous(),
+                qkv=Projection(torch.cat([q, k, v]).t().contiguous()),
                 qkv_bias=bias,
-                o=take(w, p + "self_attn.o_proj.weight", (s.hidden_size, q_out), source).t().contiguous(),
+                o=Projection(take(w, p + "self_attn.o_proj.weight", (s.hidden_size, q_out), source).t().contiguous()),
                 post_norm=take(w, p + "post_attention_layernorm.weight", (s.hidden_size,), source),
-                gate_up=torch.cat([gate, up]).t().contiguous(),
-                down=take(w, p + "mlp.down_proj.weight", (s.hidden_size, s.intermediate_size), source).t().contiguous(),
+                gate_up=Projection(torch.cat([gate, up]).t().contiguous()),
+                down=Projection(take(w, p + "mlp.down_proj.weight", (s.hidden_size, s.intermediate_size), source).t().contiguous()),
             ))
         norm = take(w, "model.norm.weight", (s.hidden_size,), source)
         if "lm_head.weight" in w:
@@ -117,7 +122,7 @@ class LlamaTarget:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden [R, H] -> logits [R, V]. Split out so a verify pass can skip rows it never reads."""
-        return hidden @ self.lm_head
+        return self.lm_head(hidden)
 
     @torch.inference_mode()
     def hidden_states(
@@ -142,18 +147,19 @@ class LlamaTarget:
         q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         aux = []
         x = self.embed[tokens]  # [T, hidden]
+        cos, sin = self.rope.tables(positions)
         for i, lw in enumerate(self.layers):
             h = rms_norm(x, lw.input_norm, s.rms_norm_eps)
-            qkv = h @ lw.qkv
+            qkv = lw.qkv(h)
             if lw.qkv_bias is not None:
                 qkv = qkv + lw.qkv_bias
-            q, k, v = qkv.split((q_out, kv_out, kv_out), dim=-1)
-            q = self.rope.apply(q.view(t, s.num_heads, s.head_dim).transpose(0, 1), positions)
-            k = self.rope.apply(k.view(t, s.num_kv_heads, s.head_dim).transpose(0, 1), positions)
-            v = v.view(t, s.num_kv_heads, s.head_dim).transpose(0, 1)
+            # RoPE on q and k heads together: [H + Hkv, T, D].
+            qk = qkv[:, :q_out + kv_out].reshape(t, s.num_heads + s.num_kv_heads, s.head_dim).transpose(0, 1)
+            q, k = self.rope.rotate(qk, cos, sin).split((s.num_heads, s.num_kv_heads))
+            v = qkv[:, q_out + kv_out:].reshape(t, s.num_kv_heads, s.head_dim).transpose(0, 1)
             cache.write(i, start, k, v)
             kc, vc = cache.read(i, end)
-            x = x + attention(q, kc, vc, mask) @ lw.o
+            x = x + lw.o(self.attend(q, kc, vc, mask))
             x = x + swiglu_mlp(rms_norm(x, lw.post_norm, s.rms_norm_eps), lw.gate_up, lw.down)
             if need_aux and i in self.aux_layer_ids:
                 aux.append(x)
