@@ -12,8 +12,9 @@ verification (many rows) and every bfloat16 call (AMX/AVX-512-BF16 kernels). Pre
 so fp32 keeps both layouts (about twice the weight memory); bf16 keeps the plain one only as the fallback.
 Where oneDNN is missing (other builds, GPU tensors) every call is a plain `x @ W`.
 
-The prepacked kernel computes each output row independently of how many rows are in the call (checked in
-tests/test_gemm.py), which keeps a T-token verify forward consistent with T one-token forwards.
+Up to 32 rows the prepacked bf16 kernel computes each output row independently of how many rows are in the
+call; larger bf16 calls are split into 32-row chunks (tests/test_gemm.py checks both), so a T-token verify
+forward gives the same bits as T one-token forwards.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ import torch
 # Row count the packed layout is tuned for (the default tree verifies 16 tokens plus the root).
 PACK_ROWS = 16
 _PACKABLE = (torch.float32, torch.bfloat16)
+# Largest call whose rows the packed bf16 kernel computes independently of the row count (measured with
+# oneDNN 3.12 in torch 2.13: 1..32 rows agree bit for bit, 33 and more take another kernel).
+INVARIANT_ROWS = 32
 
 
 def prepack_enabled() -> bool:
@@ -70,9 +74,17 @@ class Projection:
         return self.w.numel() * self.w.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None and x.dim() == 2 and (x.shape[0] > 1 or self.single_row_packed):
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, None, "none", [], "")
-        return x @ self.w
+        if self.packed is None or x.dim() != 2 or (x.shape[0] == 1 and not self.single_row_packed):
+            return x @ self.w
+        x = x.contiguous()
+        if self.single_row_packed and x.shape[0] > INVARIANT_ROWS:
+            # Above 32 rows oneDNN switches to a kernel whose rows differ in the last bit from the small-call
+            # kernel's; chunking keeps every bf16 row on the one kernel that decoding also uses.
+            return torch.cat([self._packed(c) for c in x.split(INVARIANT_ROWS)])
+        return self._packed(x)
+
+    def _packed(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
 
 def cpu_has_native_bf16() -> bool:
