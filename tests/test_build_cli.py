@@ -106,6 +106,21 @@ def test_missing_dependency_exits_3(tmp_path, ckpt, monkeypatch):
     assert "kv_cache_dtype fp8 needs torch.float8_e4m3fn" in result.stderr
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_on_a_cpu_without_bf16_hardware_warns(tmp_path, ckpt, monkeypatch, native):
+    import eagle_trt.models.gemm as gemm
+
+    monkeypatch.setattr(gemm, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = build(tmp_path, ckpt, "e", "--json", dtype="bfloat16")
+    assert result.exit_code == 0, result.output
+    warnings = json.loads(result.stdout)["warnings"]
+    if native:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and "no AMX or AVX512-BF16" in warnings[0] and "float32" in warnings[0]
+
+
 def test_unexpected_error_exits_1(tmp_path, ckpt, monkeypatch):
     import eagle_trt.engine.builder as builder
 
