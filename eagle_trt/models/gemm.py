@@ -1,11 +1,12 @@
 """Fixed-weight projections `y = x @ W` with the fastest CPU kernel for the number of rows.
 
-Profiled on the project machine (2 threads, SmolLM2 shapes, 30 distinct weights so nothing stays in cache):
+Profiled on the project machine (`python scripts/kernel_timings.py --threads 2`: SmolLM2's [576, 3072],
+30 distinct weights so nothing stays in cache):
 
 | kernel                          | fp32, 1 row | fp32, 16 rows | bf16, 1 row | bf16, 16 rows |
 |---------------------------------|-------------|---------------|-------------|---------------|
-| `x @ W` (W stored [in, out])    | 0.19 ms     | 0.78 ms       | 0.26 ms     | 0.17 ms       |
-| oneDNN, weight prepacked once   | 0.29 ms     | 0.44 ms       | 0.10 ms     | 0.12 ms       |
+| `x @ W` (W stored [in, out])    | 0.19 ms     | 0.70-0.75 ms  | 0.22 ms     | 0.18-0.27 ms  |
+| oneDNN, weight prepacked once   | 0.28 ms     | 0.44 ms       | 0.11 ms     | 0.11 ms       |
 
 So a plain GEMM serves fp32 decoding (one row), and a weight prepacked for oneDNN serves tree
 verification (many rows) and every bfloat16 call (AMX/AVX-512-BF16 kernels). Prepacking copies the weight,
@@ -59,19 +60,6 @@ class Projection:
                 self.single_row_packed = w.dtype == torch.bfloat16
             except (RuntimeError, NotImplementedError):
                 self.packed = None
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.w.shape
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.w.dtype
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes one call streams (one layout is read per call, so the plain layout's size)."""
-        return self.w.numel() * self.w.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None or x.dim() != 2 or (x.shape[0] == 1 and not self.single_row_packed):

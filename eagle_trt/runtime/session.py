@@ -19,7 +19,6 @@ from eagle_trt.errors import CheckpointError, InputError
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.kv_cache import resolve_kv_dtype
 from eagle_trt.models.llama import LlamaTarget
-from eagle_trt.runtime.allocator import keep_large_blocks
 from eagle_trt.runtime.runner import DecodeOptions, Runner
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -55,7 +54,6 @@ class Session:
 
             return cls(engine, TrtllmRunner.open(engine), load_tokenizer(engine.tokenizer_dir))
         dtype = DTYPES[cfg.dtype]
-        keep_large_blocks()
         target = LlamaTarget.load(engine.target_dir, dtype)
         head = Eagle3DraftHead.load(engine.draft_dir, target, dtype)
         kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, dtype)

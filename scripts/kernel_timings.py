@@ -1,0 +1,79 @@
+"""Reproduce the CPU-kernel timings quoted in models/gemm.py and docs/architecture.md.
+
+    python scripts/kernel_timings.py --threads 2                        # projections + attention
+    python scripts/kernel_timings.py --engine engines/smollm2-135m-eagle3 --threads 2   # + target forward curve
+    EAGLE_TRT_PREPACK=0 python scripts/kernel_timings.py --engine ...   # forward curve without prepacking
+
+Times are medians over repeats, in ms. Scratch measurements: compare runs made back to back.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from eagle_trt.bench.stats import median_seconds
+from eagle_trt.models.gemm import Projection, prepack_enabled
+from eagle_trt.models.layers import attention, attention_fp64
+
+
+def projections(reps: int) -> None:
+    """30 distinct [576, 3072] weights (SmolLM2's gate_up) so nothing stays in cache; ms per call."""
+    print("projection [576 x 3072], ms per call:")
+    for dtype in (torch.float32, torch.bfloat16):
+        ws = [torch.randn(576, 3072).to(dtype) for _ in range(30)]
+        plain = [Projection(w, prepack=False) for w in ws]
+        packed = [Projection(w, prepack=True) for w in ws] if prepack_enabled() else None
+        for rows in (1, 16):
+            x = torch.randn(rows, 576).to(dtype)
+            line = f"  {str(dtype):15} rows={rows:2}  x @ W {median_seconds(lambda: [x @ p.w for p in plain], reps) / 30 * 1e3:.3f}"
+            if packed:
+                # Time the packed kernel itself, also for fp32 at one row (Projection would route that to x @ W).
+                ms = median_seconds(lambda: [p._packed(x) for p in packed], reps) / 30 * 1e3
+                line += f"  prepacked {ms:.3f}"
+            print(line)
+
+
+def attentions(reps: int) -> None:
+    print("attention of one layer (9 q heads, 3 kv heads, d=64), bf16, ms:")
+    for t, s in ((1, 300), (17, 300), (17, 1000)):
+        q, k, v = torch.randn(9, t, 64).bfloat16(), torch.randn(3, s, 64).bfloat16(), torch.randn(3, s, 64).bfloat16()
+        mask = None if t == 1 else torch.ones(t, s, dtype=torch.bool)
+        sdpa = median_seconds(lambda: attention(q, k, v, mask), reps) * 1e3
+        fp64 = median_seconds(lambda: attention_fp64(q, k, v, mask), reps) * 1e3
+        conv = median_seconds(lambda: (k.double(), v.double()), reps) * 1e3
+        print(f"  T={t:2} S={s:4}  sdpa {sdpa:.3f}  float64 {fp64:.3f}  K/V to float64 {conv:.3f}")
+
+
+def forward_curve(engine: str, reps: int) -> None:
+    from eagle_trt.bench.roofline import forward_curve as curve
+    from eagle_trt.models.llama import LlamaTarget
+    from eagle_trt.runtime.session import DTYPES
+    from eagle_trt.engine.engine_dir import open_engine
+
+    e = open_engine(engine, verify=False)
+    target = LlamaTarget.load(e.target_dir, DTYPES[e.config.dtype])
+    c = curve(target, [1, 4, 8, 16, 32], context=200, reps=reps)
+    print(f"target forward ({e.config.dtype}, 200 cached tokens), ms:")
+    print("  " + "  ".join(f"T={t}: {s * 1e3:.1f}" for t, s in c.items()) + f"   16 vs 1: {c[16] / c[1]:.2f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--engine", default=None, help="also time the engine's target forward over 1..32 tokens")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"threads {torch.get_num_threads()}, prepack {prepack_enabled()}")
+    torch.manual_seed(0)
+    projections(args.repeats)
+    attentions(args.repeats * 5)
+    if args.engine:
+        forward_curve(args.engine, args.repeats)
+
+
+if __name__ == "__main__":
+    main()
