@@ -110,6 +110,32 @@ def test_data_inputs(tmp_path, tiny_model_dir):
     assert len(he) == 164 and he[0].kind == "prompt" and "def " in he[0].text
 
 
+def test_answer_records_match_what_was_generated(tmp_path, tiny_model_dir):
+    """Saved answers (scripts/regenerate_answers.py) train on prompt_ids + response (+ EOS if it ended)."""
+    from eagle_trt.convert.data import chat_ids, has_prompt, prompt_ids, record_ids
+
+    _, tok, _ = load_target(tiny_model_dir)
+    raw = "def add(a, b):\n    "
+    conv = [{"role": "user", "content": "the cat"}, {"role": "assistant", "content": "sat"},
+            {"role": "user", "content": "and then"}]
+    rows = [{"prompt": raw, "chat": False, "response": "return a + b", "eos": False},
+            {"prompt": raw, "chat": False},
+            {"messages": conv, "response": "ran to the house"},
+            {"prompt": "hi", "response": "a dog"}]
+    (tmp_path / "ans.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recs = read_records([tmp_path / "ans.jsonl"])
+    assert all(has_prompt(r) for r in recs)
+    resp = lambda s: tok(s, add_special_tokens=False).input_ids  # noqa: E731
+    eos = tok.eos_token_id
+    raw_ids = list(tok(raw).input_ids)
+    assert prompt_ids(recs[1], tok) == raw_ids  # no chat template: what bench sends for HumanEval
+    assert record_ids(recs[0], tok) == raw_ids + resp("return a + b")  # cut at the limit: no EOS
+    conv_prompt = prompt_ids(recs[2], tok)
+    assert conv_prompt == chat_ids(tok, conv, add_generation_prompt=True)
+    assert record_ids(recs[2], tok) == conv_prompt + resp("ran to the house") + [eos]
+    assert record_ids(recs[3], tok)[-len(resp("a dog")) - 1:] == resp("a dog") + [eos]
+
+
 # ---- training ---------------------------------------------------------------------------------------
 def _eval_batch(model, cache, idx):
     """modelopt's TTT loss and per-step top-1 accuracy on a fixed batch, without updating anything."""

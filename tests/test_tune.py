@@ -134,19 +134,32 @@ def test_tune_stores_verified_defaults_that_session_and_bench_use(engine, tmp_pa
     from eagle_trt.runtime.session import Session
 
     r = cli.invoke(app, ["tune", "--engine", str(engine), "--limit", "2", "--max-new-tokens", "24", "--positions",
-                         "4", "--max-depth", "6", "--beams", "1,4", "--json"])
+                         "4", "--max-depth", "6", "--beams", "1,4", "--validate", "2", "--validate-repeats", "1",
+                         "--json"])
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     best = res["best"]
     assert res["stored"] and res["default"]["total_tokens"] == 32 and res["default"]["beam_width"] == 8
-    assert best["predicted_tokens_per_second"] >= res["default"]["predicted_tokens_per_second"]
+    # The two best-predicted settings and the build default ran end to end; the fastest measured one won.
+    val = res["validation"]
+    finals = val["finalists"]
+    assert val["mismatches"] == [] and val["ar_tokens_per_second"] > 0
+    assert finals[:2] == res["ranked"][:2] and res["default"] in finals
+    assert best in finals and all(best["measured_tokens_per_second"] >= f["measured_tokens_per_second"] for f in finals)
+    # Each finalist ran with the plain-decoding fallback on (after 2 misses) and off; the faster one counts.
+    assert all(set(f["measured_by_fallback"]) == {"2", "0"} and f["fallback_after"] in (2, 0) for f in finals)
+    assert all(abs(f["measured_tokens_per_second"] - max(f["measured_by_fallback"].values())) < 1e-3 for f in finals)
+    stored = json.loads((engine / "tuned.json").read_text())
+    assert stored["measured_tokens_per_second"] == round(best["measured_tokens_per_second"], 3)
+    assert stored["fallback_after"] == best["fallback_after"]
     assert {"1", "16", "65"} <= set(res["measured"]["verify_ms"])  # up to the largest tree + root
     eng = open_engine(engine, verify=True)  # the manifest lists tuned.json with its hash
     assert "tuned.json" in eng.manifest.files
     session = Session.open(engine)
     opts = session.decode_options()
-    assert (opts.beam_width, opts.draft_length, opts.total_tokens) == (
-        best["beam_width"], best["draft_length"], best["total_tokens"])
+    assert (opts.beam_width, opts.draft_length, opts.total_tokens, opts.fallback_after) == (
+        best["beam_width"], best["draft_length"], best["total_tokens"], best["fallback_after"])
+    assert session.decode_options(fallback_after=5).fallback_after == 5
     assert session.decode_options(tuned=False).total_tokens == 32
     assert session.decode_options(total_tokens=40).total_tokens == 40  # explicit options still win
     # Output stays identical to AR with the tuned tree.
@@ -168,6 +181,37 @@ def test_tune_stores_verified_defaults_that_session_and_bench_use(engine, tmp_pa
     tuned.write_text(tuned.read_text().replace('"total_tokens": ', '"total_tokens":  '))
     r = cli.invoke(app, ["run", "--engine", str(engine), "--prompt", "hi"])
     assert r.exit_code == 2 and "tuned.json" in r.stderr
+
+
+def test_finalists_are_the_best_predicted_plus_the_default():
+    from eagle_trt.bench.tune import finalists
+
+    ranked = [{"beam_width": b, "draft_length": d, "total_tokens": n} for b, d, n in ((4, 2, 8), (8, 3, 16), (2, 2, 4))]
+    default = {"beam_width": 8, "draft_length": 3, "total_tokens": 16}
+    assert finalists(ranked, default, 2) == [Setting(4, 2, 8), Setting(8, 3, 16)]  # default already in
+    assert finalists(ranked, {"beam_width": 8, "draft_length": 6, "total_tokens": 32}, 1) == [
+        Setting(4, 2, 8), Setting(8, 6, 32)]
+    assert finalists(ranked, None, 0) == []
+
+
+def test_tune_refuses_to_store_after_a_lossless_failure(tiny_checkpoint, tmp_path, monkeypatch):
+    """A speculative output that differs from AR during validation is a bug: exit 1, store nothing."""
+    import eagle_trt.bench.tune as tune_mod
+    from conftest import build_tiny_engine
+
+    engine = build_tiny_engine(tiny_checkpoint, tmp_path)
+    real = tune_mod.measure_end_to_end
+
+    def broken(session, encoded, max_new_tokens, settings, repeats=2, fallbacks=(2,)):
+        out = real(session, encoded, max_new_tokens, settings, repeats, fallbacks)
+        return {**out, "mismatches": [(settings[0], fallbacks[0])]}
+
+    monkeypatch.setattr(tune_mod, "measure_end_to_end", broken)
+    before = (engine / "manifest.json").read_text()
+    r = cli.invoke(app, ["tune", "--engine", str(engine), "--limit", "1", "--max-new-tokens", "12", "--positions",
+                         "2", "--max-depth", "3", "--beams", "1", "--validate", "1", "--validate-repeats", "1"])
+    assert r.exit_code == 1 and "differed from plain AR" in r.stderr
+    assert (engine / "manifest.json").read_text() == before
 
 
 def test_unlisted_tuned_json_is_ignored(engine, tmp_path):

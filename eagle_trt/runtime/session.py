@@ -109,7 +109,8 @@ class Session:
 
 
 TUNED_NAME = "tuned.json"
-TUNED_KEYS = ("tree", "draft_length", "beam_width", "total_tokens")
+TUNED_KEYS = ("tree", "draft_length", "beam_width", "total_tokens", "fallback_after")
+_TUNED_MIN = {"draft_length": 1, "beam_width": 1, "total_tokens": 1, "fallback_after": 0}
 
 
 def read_tuned(root: str | Path, manifest) -> dict:
@@ -120,7 +121,7 @@ def read_tuned(root: str | Path, manifest) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         out = {k: data[k] for k in TUNED_KEYS if k in data}
-        ok = all(isinstance(out[k], int) and out[k] >= 1 for k in TUNED_KEYS[1:] if k in out)
+        ok = all(isinstance(out[k], int) and out[k] >= lo for k, lo in _TUNED_MIN.items() if k in out)
         ok = ok and out.get("tree", "dynamic") in ("dynamic", "static", "chain")
     except (OSError, ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: unreadable ({e})", hint="rerun `eagle-trt tune`") from None

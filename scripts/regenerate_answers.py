@@ -1,0 +1,65 @@
+"""Let the target answer a prompt file once and save the answers, so head training can reuse them.
+
+    python scripts/regenerate_answers.py checkpoints/smollm2-135m-instruct/target \\
+        data/code_prompts.jsonl --output data/code_answers.jsonl --max-new-tokens 192 [--shard 0/2]
+
+Reads anything `convert --data` reads, answers every record that has a prompt (greedy, batched, the
+same code `convert --regenerate` runs) and writes one line per answered record: the input row plus
+`"response"` and `"eos"` (false when the answer stopped at --max-new-tokens). `convert --data
+ANSWERS.jsonl` then trains on them without regenerating. `--shard i/n` answers every n-th record
+starting at i, so n processes can share the work; concatenate their outputs in any order.
+The output is written atomically (temp file, then rename).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("target", help="HF model dir or .gguf")
+    ap.add_argument("data", nargs="+", help=".jsonl prompt files (or 'humaneval')")
+    ap.add_argument("--output", required=True)
+    ap.add_argument("--max-new-tokens", type=int, default=192)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--max-prompt-tokens", type=int, default=384)
+    ap.add_argument("--shard", default="0/1", help="i/n: answer records i, i+n, i+2n, ...")
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+
+    import torch
+
+    from eagle_trt.convert.data import has_prompt, prompt_ids, read_records, regenerate
+    from eagle_trt.convert.load_target import load_target
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    i, n = (int(x) for x in args.shard.split("/"))
+    model, tokenizer, _ = load_target(args.target)
+    model.eval()
+    records = [r for r in read_records(args.data) if has_prompt(r) and r.response is None][i::n]
+    prompts = [prompt_ids(r, tokenizer, max_tokens=args.max_prompt_tokens) for r in records]
+    t0 = time.perf_counter()
+    answers = regenerate(model, tokenizer, prompts, args.max_new_tokens, args.batch_size)
+    eos = tokenizer.eos_token_id
+    out = Path(args.output)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for rec, ans in zip(records, answers):
+            ended = bool(ans) and ans[-1] == eos
+            text = tokenizer.decode(ans[:-1] if ended else ans, skip_special_tokens=False)
+            row = ({"messages": rec.messages} if rec.kind == "chat"
+                   else {"prompt": rec.text, **({} if rec.chat else {"chat": False})})
+            f.write(json.dumps({**row, "response": text, "eos": ended}, ensure_ascii=False) + "\n")
+    tmp.replace(out)
+    n_tok = sum(len(a) for a in answers)
+    print(f"{len(records)} answers, {n_tok} tokens in {time.perf_counter() - t0:.0f} s -> {out}")
+
+
+if __name__ == "__main__":
+    main()
