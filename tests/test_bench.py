@@ -114,6 +114,18 @@ def test_throughput_acceptance_and_differences():
     assert stats.roofline(100, 1000.0) == 10.0
 
 
+def test_output_checks_follow_the_reference_map():
+    """check_outputs uses REFERENCE by default and a caller's map (tune's finalist names) when given."""
+    from eagle_trt.bench.harness import check_outputs
+
+    runs = [{"repeat": 0, "prompt": "p", "method": m, "token_ids": ids, "tokens": len(ids)}
+            for m, ids in (("ar", [1, 2, 3]), ("tree", [1, 2, 3]), ("8x2x6/fallback0", [1, 9, 3]))]
+    assert [(c["method"], c["match"]) for c in check_outputs(runs)] == [("tree", True)]
+    custom = check_outputs(runs, {"8x2x6/fallback0": ("ar", True)})
+    assert [(c["method"], c["match"], c["fatal"], c["first_difference"]) for c in custom] == [
+        ("8x2x6/fallback0", False, True, 1)]
+
+
 def test_interpolate():
     curve = {1: 10.0, 4: 10.0, 8: 18.0}
     assert stats.interpolate(curve, 6) == pytest.approx(14.0)

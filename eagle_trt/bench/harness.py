@@ -18,8 +18,10 @@ from eagle_trt.bench.prompts import Prompt
 
 def run_bench(methods: list[Method], prompts: list[tuple[Prompt, list[int]]], max_new_tokens: int,
               repeats: int = 3, warmup: bool = True,
-              progress: Callable[[str], None] | None = None) -> dict:
-    """Returns {"runs", "checks", "failures", "warnings", "summary", "speedups", "per_prompt"}."""
+              progress: Callable[[str], None] | None = None, references: dict | None = None) -> dict:
+    """Returns {"runs", "checks", "failures", "warnings", "summary", "speedups", "per_prompt"}.
+
+    references: method name -> (reference method name, fatal) for the output checks; default REFERENCE."""
     if warmup and prompts:
         for m in methods:  # first-call costs (allocator, lazy init) stay out of the numbers
             m.run(prompts[0][1], min(max_new_tokens, 8))
@@ -41,7 +43,7 @@ def run_bench(methods: list[Method], prompts: list[tuple[Prompt, list[int]]], ma
                 if progress:
                     progress(f"[{done}/{total}] repeat {r + 1} {p.id} {m.name}: "
                              f"{runs[-1]['tokens_per_second']:.1f} tok/s")
-    checks = check_outputs(runs)
+    checks = check_outputs(runs, references)
     names = [m.name for m in methods]
     result = aggregate(runs, names, repeats)
     result["checks"] = checks
@@ -55,12 +57,13 @@ def run_bench(methods: list[Method], prompts: list[tuple[Prompt, list[int]]], ma
     return result
 
 
-def check_outputs(runs: list[dict]) -> list[dict]:
+def check_outputs(runs: list[dict], references: dict | None = None) -> list[dict]:
     """Compare each run with its reference method's run on the same prompt and repeat (T=0)."""
+    references = REFERENCE if references is None else references
     index = {(x["repeat"], x["prompt"], x["method"]): x for x in runs}
     checks = []
     for x in runs:
-        ref_name, fatal = REFERENCE.get(x["method"], (None, False))
+        ref_name, fatal = references.get(x["method"], (None, False))
         ref = index.get((x["repeat"], x["prompt"], ref_name))
         if ref is None:
             continue

@@ -234,49 +234,31 @@ def finalists(ranked: list[dict], default: dict | None, n: int) -> list[Setting]
 
 def measure_end_to_end(session, encoded: list[list[int]], max_new_tokens: int, settings: list[Setting],
                        repeats: int = 2, fallbacks: tuple[int, ...] = (2,)) -> dict:
-    """Real greedy decoding of every calibration prompt with plain AR and with each dynamic-tree setting,
-    once per `fallbacks` value (DecodeOptions.fallback_after: plain decoding after that many verify steps
-    in a row accept nothing; 0 = never).
+    """Decode every calibration prompt with plain AR and with each dynamic-tree setting, once per `fallbacks`
+    value (DecodeOptions.fallback_after: plain decoding after that many verify steps in a row accept
+    nothing; 0 = never), through the bench harness: same interleaving, tokens/s and AR check as `bench`.
 
-    Repeats are the outer loop, so every variant sees the same machine load. Returns {"ar": tok/s (median),
-    "variants": {(Setting, fallback_after): {"tokens_per_second", "tau"}}, "mismatches": [(Setting,
-    fallback_after), ...]} where a mismatch is a variant whose output differs from AR on some prompt (a
-    lossless-ness failure)."""
-    from statistics import median
+    Returns {"ar": tok/s (median), "variants": {(Setting, fallback_after): {"tokens_per_second", "tau"}},
+    "mismatches": [(Setting, fallback_after), ...]}; a mismatch is a variant whose output differs from AR
+    on some prompt (a lossless-ness failure)."""
+    from eagle_trt.bench.harness import run_bench
+    from eagle_trt.bench.methods import OursMethod
+    from eagle_trt.bench.prompts import Prompt
 
-    runner = session.runner
-    variants = [(s, f) for s in settings for f in dict.fromkeys(fallbacks)]
-    runs: dict = {"ar": [], **{v: [] for v in variants}}
-    taus: dict = {v: [] for v in variants}
-    reference: dict[int, list[int]] = {}
-    mismatches: set = set()
-    for _ in range(max(repeats, 1)):
-        for key in ["ar", *variants]:
-            if key == "ar":
-                opts = session.decode_options(mode="ar", max_new_tokens=max_new_tokens, tuned=False)
-            else:
-                s, fb = key
-                opts = session.decode_options(tree="dynamic", beam_width=s.beam_width, draft_length=s.draft_length,
-                                              total_tokens=s.total_tokens, max_new_tokens=max_new_tokens,
-                                              fallback_after=fb, tuned=False)
-            tokens, seconds, committed, steps = 0, 0.0, 0, 0
-            for i, ids in enumerate(encoded):
-                res = runner.generate(ids, opts)
-                tokens += len(res.token_ids)
-                seconds += res.metrics.total_s
-                if key == "ar":
-                    reference.setdefault(i, res.token_ids)
-                else:
-                    committed += sum(st.accepted + 1 for st in res.metrics.steps)
-                    steps += res.metrics.verify_steps
-                    if res.token_ids != reference.get(i, res.token_ids):
-                        mismatches.add(key)
-            runs[key].append(tokens / seconds if seconds > 0 else 0.0)
-            if key != "ar":
-                taus[key].append(committed / steps if steps else 1.0)
-    return {"ar": median(runs["ar"]),
-            "variants": {v: {"tokens_per_second": median(runs[v]), "tau": median(taus[v])} for v in variants},
-            "mismatches": sorted(mismatches)}
+    variants = {f"{s.beam_width}x{s.draft_length}x{s.total_tokens}/fallback{f}": (s, f)
+                for s in settings for f in dict.fromkeys(fallbacks)}
+    methods = [OursMethod("ar", session.runner, session.decode_options(mode="ar", tuned=False))]
+    methods += [OursMethod(name, session.runner, session.decode_options(
+        tree="dynamic", beam_width=s.beam_width, draft_length=s.draft_length, total_tokens=s.total_tokens,
+        fallback_after=f, tuned=False)) for name, (s, f) in variants.items()]
+    prompts = [(Prompt(id=f"calibration-{i}", category="calibration"), ids) for i, ids in enumerate(encoded)]
+    res = run_bench(methods, prompts, max_new_tokens, repeats, warmup=False,
+                    references={name: ("ar", True) for name in variants})
+    summary = res["summary"]
+    return {"ar": summary["ar"]["tokens_per_second"]["median"],
+            "variants": {v: {"tokens_per_second": summary[name]["tokens_per_second"]["median"],
+                             "tau": summary[name]["acceptance_length"]} for name, v in variants.items()},
+            "mismatches": sorted({variants[c["method"]] for c in res["failures"]})}
 
 
 def default_fallback() -> int:
