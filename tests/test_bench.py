@@ -39,9 +39,14 @@ def test_bench_runs_every_method_and_writes_the_report(engine, prompt_file, tmp_
     assert r.exit_code == 0, r.output
     assert "vs hf" in r.stdout and "roofline" in r.stdout
     res = json.loads((out / "results.json").read_text())
-    assert set(res["summary"]) == {"hf", "hf-assisted", "ar", "chain", "tree"}
-    assert len(res["runs"]) == 3 * 5 * 2 and not res["failures"]
-    assert all(c["match"] for c in res["checks"] if c["fatal"]) and len([c for c in res["checks"] if c["fatal"]]) == 12
+    assert set(res["summary"]) == {"hf", "hf-assisted", "ar", "chain", "tree", "tree-lookup"}
+    assert len(res["runs"]) == 3 * 6 * 2 and not res["failures"]
+    assert all(c["match"] for c in res["checks"] if c["fatal"]) and len([c for c in res["checks"] if c["fatal"]]) == 18
+    # `tree` is the head alone; `tree-lookup` adds the engine's prompt-lookup branches (8 tokens x 2).
+    assert res["methods"]["tree"]["lookup_tokens"] == 0
+    assert (res["methods"]["tree-lookup"]["lookup_tokens"], res["methods"]["tree-lookup"]["lookup_branches"]) == (8, 2)
+    assert res["summary"]["tree"]["lookup_accepted"] == 0
+    assert res["summary"]["tree-lookup"]["lookup_accepted"] > 0  # the raw "abc abc abc" prompt repeats itself
     tree = res["summary"]["tree"]
     assert tree["acceptance_length"] >= 1 and tree["draft_ms_per_step"] > 0 and tree["acceptance_per_depth"]
     assert res["summary"]["hf"]["acceptance_length"] is None
@@ -54,7 +59,7 @@ def test_bench_runs_every_method_and_writes_the_report(engine, prompt_file, tmp_
     for name in ("report.md", "tokens_per_second.png", "tau_histogram.png", "verify_cost.png"):
         assert (out / name).stat().st_size > 0, name
     md = (out / "report.md").read_text()
-    assert "Lossless: all 12" in md and "## Roofline" in md and "| c | `tree` |" in md
+    assert "Lossless: all 18" in md and "came from the prompt-lookup branch" in md and "## Roofline" in md and "| c | `tree` |" in md
 
 
 def test_bench_planted_mismatch_fails(engine, prompt_file, tmp_path, monkeypatch):

@@ -162,3 +162,22 @@ def test_two_token_sequences_match_target(small_vocab_runner, tree_opts, samplin
         key = tuple(res.token_ids)
         counts[key] = counts.get(key, 0) + 1
     assert chi2_pvalue(counts, exact, n) > 1e-3
+
+
+def test_two_token_sequences_match_target_with_prompt_lookup(small_vocab_runner):
+    """Copied tokens are point-mass proposals like the head's: sampling stays exact with them in the tree."""
+    from eagle_trt.runtime.runner import DecodeOptions
+
+    prompt = [5, 6, 7, 5, 6]  # the suffix [5, 6] occurred before: the lookup branch proposes [7, 5, 6]
+    sampling = dict(temperature=1.0)
+    exact = _exact_pairs(small_vocab_runner, prompt, SamplingParams(**sampling))
+    n, counts, verified = 1500, {}, 0
+    for seed in range(n):
+        res = small_vocab_runner.generate(prompt, DecodeOptions(
+            max_new_tokens=2, eos_token_ids=[], seed=seed, tree="dynamic", beam_width=2, draft_length=2,
+            total_tokens=3, lookup_tokens=3, **sampling))
+        key = tuple(res.token_ids)
+        counts[key] = counts.get(key, 0) + 1
+        verified += res.metrics.to_dict()["lookup_tokens_verified"]
+    assert verified > 0
+    assert chi2_pvalue(counts, exact, n) > 1e-3

@@ -114,7 +114,8 @@ def test_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
     seen = set()
     for st in (Setting(4, 3, 8), Setting(2, 4, 5), Setting(1, 2, 2)):
         opts = session.decode_options(tree="dynamic", beam_width=st.beam_width, draft_length=st.draft_length,
-                                      total_tokens=st.total_tokens, max_new_tokens=24, fallback_after=0, tuned=False)
+                                      total_tokens=st.total_tokens, max_new_tokens=24, fallback_after=0, lookup_tokens=0,
+                                      tuned=False)
         res = session.runner.generate(ids, opts)
         assert res.token_ids == ar
         roots, n = [], len(ids)
@@ -146,19 +147,24 @@ def test_tune_stores_verified_defaults_that_session_and_bench_use(engine, tmp_pa
     assert val["mismatches"] == [] and val["ar_tokens_per_second"] > 0
     assert finals[:2] == res["ranked"][:2] and res["default"] in finals
     assert best in finals and all(best["measured_tokens_per_second"] >= f["measured_tokens_per_second"] for f in finals)
-    # Each finalist ran with the plain-decoding fallback on (after 2 misses) and off; the faster one counts.
-    assert all(set(f["measured_by_fallback"]) == {"2", "0"} and f["fallback_after"] in (2, 0) for f in finals)
-    assert all(abs(f["measured_tokens_per_second"] - max(f["measured_by_fallback"].values())) < 1e-3 for f in finals)
+    # Each finalist ran with the plain-decoding fallback on (after 2 misses) and off, and with prompt lookup off
+    # and on (the engine's 8 tokens x 2 branches); the fastest variant counts.
+    variants = {f"fallback{f}/lookup{lk}" for f in (2, 0) for lk in ("0x0", "8x2")}
+    assert all(set(f["measured_by_variant"]) == variants for f in finals)
+    assert all(f["fallback_after"] in (2, 0) and (f["lookup_tokens"], f["lookup_branches"]) in ((0, 1), (8, 2))
+               for f in finals)
+    assert all(abs(f["measured_tokens_per_second"] - max(f["measured_by_variant"].values())) < 1e-3 for f in finals)
     stored = json.loads((engine / "tuned.json").read_text())
     assert stored["measured_tokens_per_second"] == round(best["measured_tokens_per_second"], 3)
-    assert stored["fallback_after"] == best["fallback_after"]
+    assert (stored["fallback_after"], stored["lookup_tokens"], stored["lookup_branches"]) == (
+        best["fallback_after"], best["lookup_tokens"], best["lookup_branches"])
     assert {"1", "16", "65"} <= set(res["measured"]["verify_ms"])  # up to the largest tree + root
     eng = open_engine(engine, verify=True)  # the manifest lists tuned.json with its hash
     assert "tuned.json" in eng.manifest.files
     session = Session.open(engine)
     opts = session.decode_options()
-    assert (opts.beam_width, opts.draft_length, opts.total_tokens, opts.fallback_after) == (
-        best["beam_width"], best["draft_length"], best["total_tokens"], best["fallback_after"])
+    assert (opts.beam_width, opts.draft_length, opts.total_tokens, opts.fallback_after, opts.lookup_tokens) == (
+        best["beam_width"], best["draft_length"], best["total_tokens"], best["fallback_after"], best["lookup_tokens"])
     assert session.decode_options(fallback_after=5).fallback_after == 5
     assert session.decode_options(tuned=False).total_tokens == 32
     assert session.decode_options(total_tokens=40).total_tokens == 40  # explicit options still win
@@ -202,14 +208,15 @@ def test_tune_refuses_to_store_after_a_lossless_failure(tiny_checkpoint, tmp_pat
     engine = build_tiny_engine(tiny_checkpoint, tmp_path)
     real = tune_mod.measure_end_to_end
 
-    def broken(session, encoded, max_new_tokens, settings, repeats=2, fallbacks=(2,)):
-        out = real(session, encoded, max_new_tokens, settings, repeats, fallbacks)
-        return {**out, "mismatches": [(settings[0], fallbacks[0])]}
+    def broken(session, encoded, max_new_tokens, settings, repeats=2, variants=((2, 0, 1),)):
+        out = real(session, encoded, max_new_tokens, settings, repeats, variants)
+        return {**out, "mismatches": [(settings[0], *variants[0])]}
 
     monkeypatch.setattr(tune_mod, "measure_end_to_end", broken)
     before = (engine / "manifest.json").read_text()
     r = cli.invoke(app, ["tune", "--engine", str(engine), "--limit", "1", "--max-new-tokens", "12", "--positions",
-                         "2", "--max-depth", "3", "--beams", "1", "--validate", "1", "--validate-repeats", "1"])
+                         "2", "--max-depth", "3", "--beams", "1", "--validate", "1", "--validate-repeats", "1",
+                         "--lookup-tokens", "0"])
     assert r.exit_code == 1 and "differed from plain AR" in r.stderr
     assert (engine / "manifest.json").read_text() == before
 

@@ -100,6 +100,10 @@ def aggregate(runs: list[dict], names: list[str], repeats: int) -> dict:
             "draft_share": draft / (draft + verify) if speculative and draft + verify > 0 else None,
             "tau_per_prompt": [stats.acceptance([tuple(s) for s in x["steps"]]).tau for x in first]
             if speculative else [],
+            # Accepted draft tokens that the prompt-lookup branch supplied (tree-lookup), out of all accepted.
+            "lookup_accepted": sum(x["metrics"].get("lookup_tokens_accepted", 0) for x in first)
+            if speculative else None,
+            "draft_accepted": sum(s[0] for x in first for s in x["steps"]) if speculative else None,
         }
     per_prompt = {}
     for x in runs:

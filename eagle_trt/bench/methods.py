@@ -4,8 +4,11 @@
     hf-assisted    the same with prompt-lookup assisted generation (`prompt_lookup_num_tokens`)
     ar             our plain autoregressive loop (the reference every EAGLE output must equal at T=0)
     chain          EAGLE-3, one draft path of `draft_length` tokens
-    tree           EAGLE-3 dynamic tree with the engine's defaults (`eagle-trt tune` results if stored)
-    tree-untuned   EAGLE-3 dynamic tree with the build config's settings, ignoring tuned.json
+    tree           EAGLE-3 dynamic tree with the engine's defaults (`eagle-trt tune` results if stored),
+                   prompt lookup off: the head's drafts alone
+    tree-lookup    the same tree plus prompt-lookup branches copied from the context (the engine's
+                   lookup_tokens and lookup_branches; DEFAULT_LOOKUP where it turns lookup off)
+    tree-untuned   EAGLE-3 dynamic tree with the build config's settings, ignoring tuned.json, lookup off
 """
 
 from __future__ import annotations
@@ -17,14 +20,15 @@ import torch
 
 from eagle_trt.errors import InputError
 
-ALL_METHODS = ("hf", "hf-assisted", "ar", "chain", "tree", "tree-untuned")
-DEFAULT_METHODS = ("hf", "hf-assisted", "ar", "chain", "tree")
+ALL_METHODS = ("hf", "hf-assisted", "ar", "chain", "tree", "tree-lookup", "tree-untuned")
+DEFAULT_METHODS = ("hf", "hf-assisted", "ar", "chain", "tree", "tree-lookup")
 BASELINES = ("hf", "hf-assisted", "ar")
 # Which method's output each one must reproduce token for token at T=0, and whether a difference fails
 # the bench (our speculative decoding is lossless by construction) or is only reported (HF's numerics).
-REFERENCE = {"chain": ("ar", True), "tree": ("ar", True), "tree-untuned": ("ar", True),
+REFERENCE = {"chain": ("ar", True), "tree": ("ar", True), "tree-lookup": ("ar", True), "tree-untuned": ("ar", True),
              "hf-assisted": ("hf", False), "hf": ("ar", False)}
 PROMPT_LOOKUP_TOKENS = 10
+DEFAULT_LOOKUP = (8, 2)  # (lookup_tokens, lookup_branches) of tree-lookup where the engine's settings turn it off
 
 
 @dataclass
@@ -52,7 +56,8 @@ class OursMethod(Method):
         self.speculative = opts.mode == "eagle"
         self.settings = {"mode": opts.mode} if not self.speculative else {
             "tree": opts.tree, "draft_length": opts.draft_length, "beam_width": opts.beam_width,
-            "total_tokens": opts.total_tokens, "fallback_after": opts.fallback_after}
+            "total_tokens": opts.total_tokens, "fallback_after": opts.fallback_after,
+            "lookup_tokens": opts.lookup_tokens, "lookup_branches": opts.lookup_branches}
 
     def run(self, prompt_ids, max_new_tokens):
         self.opts.max_new_tokens = max_new_tokens
@@ -121,9 +126,15 @@ def build_methods(session, names: list[str]) -> list[Method]:
         elif n == "ar":
             out.append(OursMethod(n, runner, session.decode_options(mode="ar")))
         elif n == "chain":
-            out.append(OursMethod(n, runner, session.decode_options(mode="eagle", tree="chain")))
+            out.append(OursMethod(n, runner, session.decode_options(mode="eagle", tree="chain", lookup_tokens=0)))
         elif n == "tree":
-            out.append(OursMethod(n, runner, session.decode_options(mode="eagle", tree="dynamic")))
+            out.append(OursMethod(n, runner, session.decode_options(mode="eagle", tree="dynamic", lookup_tokens=0)))
+        elif n == "tree-lookup":
+            engine = session.decode_options()
+            tokens, branches = (engine.lookup_tokens, engine.lookup_branches) if engine.lookup_tokens else DEFAULT_LOOKUP
+            out.append(OursMethod(n, runner, session.decode_options(mode="eagle", tree="dynamic",
+                                                                    lookup_tokens=tokens, lookup_branches=branches)))
         elif n == "tree-untuned":
-            out.append(OursMethod(n, runner, session.decode_options(mode="eagle", tree="dynamic", tuned=False)))
+            out.append(OursMethod(n, runner, session.decode_options(mode="eagle", tree="dynamic", tuned=False,
+                                                                    lookup_tokens=0)))
     return out

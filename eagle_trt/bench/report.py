@@ -82,6 +82,10 @@ def markdown(results: dict) -> str:
         row += ["" if b == m else _speedup(results["speedups"][m].get(b)) for b in baselines]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
+    look = results["summary"].get("tree-lookup", {})
+    if look.get("draft_accepted"):
+        lines += [f"`tree-lookup`: {look['lookup_accepted']} of its {look['draft_accepted']} accepted draft tokens "
+                  f"({look['lookup_accepted'] / look['draft_accepted']:.0%}) came from the prompt-lookup branch.", ""]
     lines += ["## Methods", ""]
     for m, settings in results["methods"].items():
         lines.append(f"- `{m}`: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
@@ -100,7 +104,7 @@ def markdown(results: dict) -> str:
                              "of the roofline")
         if "forward_16_over_1" in roof:
             lines.append(f"- a forward over 16 tree tokens costs {roof['forward_16_over_1']:.2f}× a 1-token forward")
-        for name in ("tree", "chain"):
+        for name in ("tree", "tree-lookup", "chain"):
             if f"{name}_draft_share" in roof:
                 lines.append(f"- drafting is {roof[f'{name}_draft_share']:.1%} of a `{name}` step (draft + verify)")
         lines += ["", f"Verify-cost curve (target forward after {machine['context_tokens']} cached tokens):", "",

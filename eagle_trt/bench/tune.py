@@ -13,9 +13,10 @@ verification would (a dynamic tree of depth d and size N keeps the N best-scored
 d, so it is a sub-tree of the deeper one).
 
 The model leaves out per-step work it does not time (tree bookkeeping, mask building, KV compaction, token
-emission) nor the plain-decoding fallback after repeated misses, so the few best-predicted settings and
-the build default are then *run* on the calibration prompts, each with the fallback on and off,
-interleaved over repeats (`measure_end_to_end`), and the variant with the best measured tokens/s wins.
+emission), the plain-decoding fallback after repeated misses and the prompt-lookup branch, so the few
+best-predicted settings and the build default are then *run* on the calibration prompts, each with the
+fallback on and off and (with --lookup-tokens > 0) prompt lookup off and on, interleaved over repeats
+(`measure_end_to_end`), and the variant with the best measured tokens/s wins.
 The same runs check every speculative output against plain AR decoding.
 
 The choice (`choose`) is a pure function of those measurements and is unit-tested on synthetic curves;
@@ -232,33 +233,46 @@ def finalists(ranked: list[dict], default: dict | None, n: int) -> list[Setting]
     return list(dict.fromkeys(picked))
 
 
-def measure_end_to_end(session, encoded: list[list[int]], max_new_tokens: int, settings: list[Setting],
-                       repeats: int = 2, fallbacks: tuple[int, ...] = (2,)) -> dict:
-    """Decode every calibration prompt with plain AR and with each dynamic-tree setting, once per `fallbacks`
-    value (DecodeOptions.fallback_after: plain decoding after that many verify steps in a row accept
-    nothing; 0 = never), through the bench harness: same interleaving, tokens/s and AR check as `bench`.
+def variant_name(fallback_after: int, lookup_tokens: int, lookup_branches: int) -> str:
+    return f"fallback{fallback_after}/lookup{lookup_tokens}x{lookup_branches if lookup_tokens else 0}"
 
-    Returns {"ar": tok/s (median), "variants": {(Setting, fallback_after): {"tokens_per_second", "tau"}},
-    "mismatches": [(Setting, fallback_after), ...]}; a mismatch is a variant whose output differs from AR
-    on some prompt (a lossless-ness failure)."""
+
+def measure_end_to_end(session, encoded: list[list[int]], max_new_tokens: int, settings: list[Setting],
+                       repeats: int = 2, variants: tuple[tuple[int, int, int], ...] = ((2, 0, 1),)) -> dict:
+    """Decode every calibration prompt with plain AR and with each dynamic-tree setting, once per variant
+    (fallback_after, lookup_tokens, lookup_branches) — DecodeOptions.fallback_after: plain decoding after that
+    many verify steps in a row accept nothing (0 = never); lookup_*: the prompt-lookup branches (0 tokens =
+    off) — through the bench harness: same interleaving, tokens/s and AR check as `bench`.
+
+    Returns {"ar": tok/s (median), "variants": {(Setting, *variant): {"tokens_per_second", "tau"}},
+    "mismatches": [(Setting, *variant), ...]}; a mismatch is a variant whose output differs from AR on some
+    prompt (a lossless-ness failure)."""
     from eagle_trt.bench.harness import run_bench
     from eagle_trt.bench.methods import OursMethod
     from eagle_trt.bench.prompts import Prompt
 
-    variants = {f"{s.beam_width}x{s.draft_length}x{s.total_tokens}/fallback{f}": (s, f)
-                for s in settings for f in dict.fromkeys(fallbacks)}
+    runs = {f"{s.beam_width}x{s.draft_length}x{s.total_tokens}/{variant_name(*v)}": (s, *v)
+            for s in settings for v in dict.fromkeys(variants)}
     methods = [OursMethod("ar", session.runner, session.decode_options(mode="ar", tuned=False))]
     methods += [OursMethod(name, session.runner, session.decode_options(
         tree="dynamic", beam_width=s.beam_width, draft_length=s.draft_length, total_tokens=s.total_tokens,
-        fallback_after=f, tuned=False)) for name, (s, f) in variants.items()]
+        fallback_after=f, lookup_tokens=lk, lookup_branches=br, tuned=False)) for name, (s, f, lk, br) in runs.items()]
     prompts = [(Prompt(id=f"calibration-{i}", category="calibration"), ids) for i, ids in enumerate(encoded)]
     res = run_bench(methods, prompts, max_new_tokens, repeats, warmup=False,
-                    references={name: ("ar", True) for name in variants})
+                    references={name: ("ar", True) for name in runs})
     summary = res["summary"]
     return {"ar": summary["ar"]["tokens_per_second"]["median"],
             "variants": {v: {"tokens_per_second": summary[name]["tokens_per_second"]["median"],
-                             "tau": summary[name]["acceptance_length"]} for name, v in variants.items()},
-            "mismatches": sorted({variants[c["method"]] for c in res["failures"]})}
+                             "tau": summary[name]["acceptance_length"]} for name, v in runs.items()},
+            "mismatches": sorted({runs[c["method"]] for c in res["failures"]})}
+
+
+def end_to_end_variants(lookup_tokens: int, lookup_branches: int = 1) -> tuple[tuple[int, int, int], ...]:
+    """(fallback_after, lookup_tokens, lookup_branches) each finalist runs with: the fallback on and off, and
+    with lookup_tokens > 0 the prompt-lookup branches off and on."""
+    fallbacks = tuple(dict.fromkeys((default_fallback(), 0)))
+    lookups = ((0, 1),) + (((lookup_tokens, max(lookup_branches, 1)),) if lookup_tokens > 0 else ())
+    return tuple((f, lk, br) for lk, br in lookups for f in fallbacks)
 
 
 def default_fallback() -> int:
@@ -274,12 +288,15 @@ def tree_room(cfg) -> int:
 
 def tune_engine(session, encoded: list[list[int]], max_new_tokens: int = 64, positions: int = 16,
                 max_depth: int = 8, beams: list[int] | None = None, reps: int = 3,
-                progress: Callable[[str], None] | None = None, validate: int = 3, validate_repeats: int = 2) -> dict:
+                progress: Callable[[str], None] | None = None, validate: int = 3, validate_repeats: int = 2,
+                lookup_tokens: int = 0, lookup_branches: int = 1) -> dict:
     """Measure everything and rank the settings; returns {"best", "default", "ranked", "measured", ...}.
 
     With validate > 0 the `validate` best-predicted settings and the build default are run end to end
     (`measure_end_to_end`) and "best" is the fastest of them as measured; every ranked row of a finalist
-    gains "measured_tokens_per_second" and "measured_tau", and the result "validation"."""
+    gains "measured_tokens_per_second" and "measured_tau", and the result "validation". Each finalist runs
+    with the plain-decoding fallback on and off and, with lookup_tokens > 0, with the prompt-lookup branch
+    off and on (`end_to_end_variants`); its fastest variant counts."""
     cfg = session.config
     default = Setting(cfg.max_beam_width, cfg.draft_length, cfg.total_tokens)
     beams = sorted({b for b in (beams or [1, 2, 4, 8]) if 1 <= b <= cfg.max_beam_width} | {cfg.max_beam_width})
@@ -295,23 +312,25 @@ def tune_engine(session, encoded: list[list[int]], max_new_tokens: int = 64, pos
     best, validation = ranked[0], None
     if validate > 0:
         picked = finalists(ranked, by_setting.get(default), validate)
-        fallbacks = tuple(dict.fromkeys((default_fallback(), 0)))
+        variants = end_to_end_variants(lookup_tokens, lookup_branches)
         if progress:
-            progress(f"running {len(picked)} finalists (fallback after {' and '.join(map(str, fallbacks))} misses) "
-                     f"and plain AR end to end ({validate_repeats} repeats)")
-        measured = measure_end_to_end(session, encoded, max_new_tokens, picked, validate_repeats, fallbacks)
+            progress(f"running {len(picked)} finalists x {len(variants)} variants (fallback on/off"
+                     f"{', prompt lookup off/on' if lookup_tokens > 0 else ''}) and plain AR end to end "
+                     f"({validate_repeats} repeats)")
+        measured = measure_end_to_end(session, encoded, max_new_tokens, picked, validate_repeats, variants)
         for s in picked:
             row = by_setting[s]
-            per_fb = {fb: measured["variants"][(s, fb)] for fb in fallbacks}
-            fb = max(fallbacks, key=lambda f: per_fb[f]["tokens_per_second"])
-            row["measured_tokens_per_second"] = per_fb[fb]["tokens_per_second"]
-            row["measured_tau"] = per_fb[fb]["tau"]
-            row["fallback_after"] = fb
-            row["measured_by_fallback"] = {str(f): round(m["tokens_per_second"], 3) for f, m in per_fb.items()}
+            per = {v: measured["variants"][(s, *v)] for v in variants}
+            fb, lk, br = max(variants, key=lambda v: per[v]["tokens_per_second"])
+            row["measured_tokens_per_second"] = per[(fb, lk, br)]["tokens_per_second"]
+            row["measured_tau"] = per[(fb, lk, br)]["tau"]
+            row["fallback_after"], row["lookup_tokens"], row["lookup_branches"] = fb, lk, br
+            row["measured_by_variant"] = {variant_name(*v): round(m["tokens_per_second"], 3) for v, m in per.items()}
         best = by_setting[max(picked, key=lambda s: by_setting[s]["measured_tokens_per_second"])]
         validation = {"ar_tokens_per_second": measured["ar"], "repeats": validate_repeats,
                       "finalists": [by_setting[s] for s in picked],
-                      "mismatches": [{**asdict(s), "fallback_after": fb} for s, fb in measured["mismatches"]]}
+                      "mismatches": [{**asdict(s), "fallback_after": fb, "lookup_tokens": lk, "lookup_branches": br}
+                                     for s, fb, lk, br in measured["mismatches"]]}
     verify = costs["verify_ms"]
     return {
         "best": best, "default": by_setting.get(default), "ranked": ranked, "validation": validation,
@@ -354,7 +373,9 @@ def store_tuned(engine_root: str | Path, best: dict, info: dict | None = None) -
             "tau": round(best["tau"], 4), **(info or {})}
     if "fallback_after" in best:
         data["fallback_after"] = int(best["fallback_after"])
-        data["measured_by_fallback"] = best["measured_by_fallback"]
+        data["lookup_tokens"] = int(best.get("lookup_tokens", 0))
+        data["lookup_branches"] = int(best.get("lookup_branches", 1))
+        data["measured_by_variant"] = best["measured_by_variant"]
     if "measured_tokens_per_second" in best:
         data["measured_tokens_per_second"] = round(best["measured_tokens_per_second"], 3)
         data["measured_tau"] = round(best["measured_tau"], 4)

@@ -37,6 +37,11 @@ def run(
     total_tokens: Annotated[Optional[int], typer.Option(help="Draft tokens kept in the tree (root excluded).")] = None,
     confidence_threshold: Annotated[Optional[float], typer.Option(
         help="Drop branches whose cumulative draft probability is below this (0 keeps all).")] = None,
+    lookup_tokens: Annotated[Optional[int], typer.Option(
+        help="Prompt lookup: also verify up to this many tokens copied from the context where the last tokens "
+             "occurred before (0 = off). Lossless; helps code and extraction. Default: the engine's.")] = None,
+    lookup_branches: Annotated[Optional[int], typer.Option(
+        help="Distinct copied continuations per tree (prompt lookup). Default: the engine's.")] = None,
     temperature: Annotated[float, typer.Option(
         help="Sampling temperature; 0 = greedy. At T > 0 the tree is verified by multi-branch rejection "
              "sampling: the output distribution equals the target's exactly.")] = 0.0,
@@ -67,7 +72,7 @@ def run(
                     posterior_threshold=posterior_threshold, fallback_after=fallback_after,
                     fallback_tokens=fallback_tokens)
     handle_errors(_run)(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, total_tokens,
-                        confidence_threshold, chat, json_out, skip_verify, sampling)
+                        confidence_threshold, (lookup_tokens, lookup_branches), chat, json_out, skip_verify, sampling)
 
 
 def _check_sampling(s: dict) -> None:
@@ -85,7 +90,7 @@ def _check_sampling(s: dict) -> None:
 
 
 def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, total_tokens,
-         confidence_threshold, chat, json_out, skip_verify, sampling) -> None:
+         confidence_threshold, lookup, chat, json_out, skip_verify, sampling) -> None:
     from eagle_trt.runtime.session import Session, TextStream
 
     if mode not in ("eagle", "ar"):
@@ -96,6 +101,11 @@ def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, t
                         ("--beam-width", beam_width), ("--total-tokens", total_tokens)):
         if value is not None and value < 1:
             raise InputError(f"{name} must be >= 1, got {value}")
+    lookup_tokens, lookup_branches = lookup
+    if lookup_tokens is not None and not 0 <= lookup_tokens <= 32:
+        raise InputError(f"--lookup-tokens must be in [0, 32], got {lookup_tokens}")
+    if lookup_branches is not None and not 1 <= lookup_branches <= 8:
+        raise InputError(f"--lookup-branches must be in [1, 8], got {lookup_branches}")
     if confidence_threshold is not None and not 0 <= confidence_threshold < 1:
         raise InputError(f"--confidence-threshold must be in [0, 1), got {confidence_threshold}")
     _check_sampling(sampling)
@@ -106,7 +116,8 @@ def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, t
     session = Session.open(engine, verify=not skip_verify)
     opts = session.decode_options(max_new_tokens=max_new_tokens, mode=mode, tree=tree, draft_length=draft_length,
                                   beam_width=beam_width, total_tokens=total_tokens,
-                                  confidence_threshold=confidence_threshold, **sampling)
+                                  confidence_threshold=confidence_threshold, lookup_tokens=lookup_tokens,
+                                  lookup_branches=lookup_branches, **sampling)
     ids = session.encode(prompt, chat=chat)
     stream = TextStream(session.tokenizer)
 
@@ -150,5 +161,8 @@ def metrics_table(m: dict) -> Table:
         table.add_row("rejected draft tokens", str(m["rejections"]))
     if m.get("fallbacks"):
         table.add_row("fallbacks / plain tokens", f"{m['fallbacks']} / {m['fallback_tokens']}")
+    if m.get("lookup_tokens_verified"):
+        table.add_row("prompt lookup: accepted / verified",
+                      f"{m['lookup_tokens_accepted']} / {m['lookup_tokens_verified']}")
     table.add_row("stop", m["stop_reason"])
     return table

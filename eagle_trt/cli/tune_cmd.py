@@ -35,6 +35,11 @@ def tune(
     validate: Annotated[int, typer.Option(help="Best-predicted settings to run end to end (with the build default); "
                                           "the fastest measured one wins. 0 trusts the prediction alone.")] = 3,
     validate_repeats: Annotated[int, typer.Option(help="Repeats of those end-to-end runs (median).")] = 2,
+    lookup_tokens: Annotated[Optional[int], typer.Option(
+        help="Also run each finalist with prompt-lookup branches of this many tokens and store lookup on when "
+             "that is faster (0 = try lookup off only). Default: the engine's lookup_tokens, else 8.")] = None,
+    lookup_branches: Annotated[Optional[int], typer.Option(
+        help="Branches of those lookup runs. Default: the engine's lookup_branches.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the choice without storing it.")] = False,
     top: Annotated[int, typer.Option(help="Rows of the ranking to print.")] = 10,
     json_out: JsonOpt = False,
@@ -45,18 +50,19 @@ def tune(
     The ranking maximizes tau / (draft + head update + verify) with every term measured here: the
     verify-cost curve (target forward time against tree tokens), the draft cost per beam width and
     depth, and the head's acceptance on calibration prompts. The best few predicted settings and the
-    build default are then decoded end to end on the same prompts (--validate), and the fastest measured
-    one is stored, in ENGINE/tuned.json (listed in manifest.json with its hash); `eagle-trt run` and
+    build default are then decoded end to end on the same prompts (--validate), each with the
+    plain-decoding fallback on and off and with prompt lookup off and on (--lookup-tokens), and the
+    fastest measured variant is stored, in ENGINE/tuned.json (listed in manifest.json with its hash); `eagle-trt run` and
     `bench` then use it unless options override it.
 
     Example: eagle-trt tune --engine engines/smollm2-135m-eagle3
     """
     handle_errors(_tune)(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, threads, validate,
-                         validate_repeats, dry_run, top, json_out, skip_verify)
+                         validate_repeats, (lookup_tokens, lookup_branches), dry_run, top, json_out, skip_verify)
 
 
 def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, threads, validate, validate_repeats,
-          dry_run, top, json_out, skip_verify) -> None:
+          lookup, dry_run, top, json_out, skip_verify) -> None:
     import torch
 
     from eagle_trt.bench.prompts import load_prompts
@@ -74,6 +80,11 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
         raise InputError(f"--beams must be comma-separated integers, got {beams!r}") from None
     if validate < 0:
         raise InputError(f"--validate must be >= 0, got {validate}")
+    lookup_tokens, lookup_branches = lookup
+    if lookup_tokens is not None and not 0 <= lookup_tokens <= 32:
+        raise InputError(f"--lookup-tokens must be in [0, 32], got {lookup_tokens}")
+    if lookup_branches is not None and not 1 <= lookup_branches <= 8:
+        raise InputError(f"--lookup-branches must be in [1, 8], got {lookup_branches}")
     if not beam_list or min(beam_list) < 1:
         raise InputError(f"--beams must list integers >= 1, got {beams!r}")
     apply_threads(threads)
@@ -90,7 +101,9 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
             err_console.print(f"[dim]{msg}[/]", soft_wrap=True)
 
     result = tune_engine(session, encoded, max_new_tokens, positions, max_depth, beam_list, progress=progress,
-                         validate=validate, validate_repeats=validate_repeats)
+                         validate=validate, validate_repeats=validate_repeats,
+                         lookup_tokens=cfg.lookup_tokens or 8 if lookup_tokens is None else lookup_tokens,
+                         lookup_branches=cfg.lookup_branches if lookup_branches is None else lookup_branches)
     best, default, validation = result["best"], result["default"], result["validation"]
     if validation and validation["mismatches"]:
         # A speculative output differed from plain decoding: never store settings from a broken run.
@@ -140,6 +153,7 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
                       f"{validation['ar_tokens_per_second']:.1f} tok/s; every speculative output matched it")
         line = (f"best: beam_width={best['beam_width']} draft_length={best['draft_length']} "
                 f"total_tokens={best['total_tokens']} fallback_after={best['fallback_after']} "
+                f"lookup_tokens={best['lookup_tokens']} lookup_branches={best['lookup_branches']} "
                 f"({best['measured_tokens_per_second']:.1f} tok/s measured, "
                 f"{best['measured_tokens_per_second'] / validation['ar_tokens_per_second']:.2f}x AR")
         if default:

@@ -67,6 +67,11 @@ def check_trtllm_config(cfg) -> list[str]:
         )
     if cfg.tree == "static":
         warnings.append("TensorRT-LLM marks static trees (eagle_choices) as under development")
+    if cfg.lookup_tokens > 0:
+        warnings.append(
+            f"lookup_tokens {cfg.lookup_tokens}: prompt-lookup branches are a torch-engine feature; TensorRT-LLM "
+            "verifies the EAGLE-3 tree without them (set lookup_tokens: 0 to silence this)"
+        )
     return warnings
 
 

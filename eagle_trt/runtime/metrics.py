@@ -12,6 +12,8 @@ class StepRecord:
     tree_depth: int
     draft_s: float
     verify_s: float
+    lookup_accepted: int = 0  # of `accepted`, tokens that came from the prompt-lookup branch
+    lookup_size: int = 0  # draft tokens the prompt-lookup branch added to the tree
 
 
 @dataclass
@@ -88,4 +90,6 @@ class GenerationMetrics:
             "rejections": self.rejections,
             "fallbacks": self.fallbacks,
             "fallback_tokens": self.fallback_tokens,
+            "lookup_tokens_verified": sum(s.lookup_size for s in self.steps),
+            "lookup_tokens_accepted": sum(s.lookup_accepted for s in self.steps),
         }

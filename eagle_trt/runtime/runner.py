@@ -22,8 +22,10 @@ from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.runtime.drafter import Drafter
 from eagle_trt.runtime.metrics import GenerationMetrics, StepRecord
+from eagle_trt.speculative.lookup import NgramIndex, graft
 from eagle_trt.speculative.sampling import SamplingParams, processed_probs, sample
-from eagle_trt.speculative.tree import DEFAULT_STATIC_TREE, chain_choices, static_layout, trim_choices
+from eagle_trt.speculative.tree import (DEFAULT_STATIC_TREE, Tree, chain_choices, static_layout, tree_from_parents,
+                                        trim_choices)
 from eagle_trt.speculative.verify import verify_greedy, verify_sampling
 
 
@@ -48,6 +50,9 @@ class DecodeOptions:
     # After `fallback_after` verify steps in a row with nothing accepted, decode `fallback_tokens` plainly.
     fallback_after: int = 2
     fallback_tokens: int = 8
+    # Prompt lookup: graft up to this many tokens copied from the context onto each draft tree (0 = off).
+    lookup_tokens: int = 0
+    lookup_branches: int = 1  # distinct copied continuations per tree (each up to lookup_tokens long)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -59,7 +64,8 @@ class DecodeOptions:
 
     def tree_capacity(self) -> int:
         """Upper bound of tree nodes (root included) and of draft scratch slots."""
-        return max(self.total_tokens, self.beam_width * self.draft_length, len(DEFAULT_STATIC_TREE)) + 1
+        return (max(self.total_tokens, self.beam_width * self.draft_length, len(DEFAULT_STATIC_TREE)) + 1
+                + max(self.lookup_tokens, 0) * max(self.lookup_branches, 1))
 
 
 @dataclass
@@ -158,6 +164,15 @@ class Runner:
             choices = chain_choices(opts.draft_length) if opts.tree == "chain" else (
                 opts.static_tree or trim_choices(DEFAULT_STATIC_TREE, opts.draft_length, opts.total_tokens))
             layout = static_layout(choices)
+        index = NgramIndex() if opts.lookup_tokens > 0 else None
+        if index is not None:
+            index.extend(prompt_ids)
+            plain_emit = emit
+
+            def emit(tokens: list[int]) -> bool:  # noqa: F811 - the same emit, keeping the lookup index current
+                index.extend(tokens)
+                return plain_emit(tokens)
+
         ids = torch.tensor(prompt_ids)
         t = time.perf_counter()
         root, aux = self._prefill(ids, need_aux=True)
@@ -194,6 +209,9 @@ class Runner:
                                                   opts.confidence_threshold)
             else:
                 tree = self.drafter.draft_static(root, layout)
+            drafted = tree.tokens.numel()  # nodes from the head; any after these are copied from the context
+            if index is not None:
+                tree = with_lookup(tree, index.proposals(opts.lookup_tokens, opts.lookup_branches))
             t_verify = time.perf_counter()
             # One target forward over root + tree; node i sits at position n + depth(i).
             hidden, aux = self.target.hidden_states(tree.tokens, tree.positions(n), self.cache, tree.mask,
@@ -220,7 +238,8 @@ class Runner:
             t_done = time.perf_counter()
             accepted = tree.tokens[path[1:]].tolist()
             step = StepRecord(len(accepted), tree.size, tree.depth, carry_draft_s + (t_verify - t_draft),
-                              t_done - t_verify)
+                              t_done - t_verify, lookup_accepted=int((path >= drafted).sum()),
+                              lookup_size=tree.tokens.numel() - drafted)
             metrics.steps.append(step)
             misses = misses + 1 if not accepted else 0
             if emit(accepted + [bonus]):
@@ -244,3 +263,15 @@ class Runner:
         vocab = self.target.spec.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise InputError(f"prompt token ids must lie in [0, {vocab})")
+
+
+def with_lookup(tree: Tree, chains: list[list[int]]) -> Tree:
+    """The draft tree plus each prompt-lookup chain as one more path from the root (the same tree if they add
+    nothing)."""
+    tokens, parents, added = tree.tokens.tolist(), tree.parents.tolist(), 0
+    for chain in chains:
+        tokens, parents, n = graft(tokens, parents, chain)
+        added += n
+    if not added:
+        return tree
+    return tree_from_parents(torch.tensor(tokens), torch.tensor(parents))

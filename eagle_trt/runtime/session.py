@@ -58,7 +58,7 @@ class Session:
         head = Eagle3DraftHead.load(engine.draft_dir, target, dtype)
         kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, dtype)
         scales = _kv_scales(Path(engine.root) / "kv_scales.safetensors")
-        tree_room = max(cfg.total_tokens, cfg.max_beam_width * cfg.draft_length, 64) + 1
+        tree_room = max(cfg.total_tokens, cfg.max_beam_width * cfg.draft_length, 64) + 1 + max(cfg.lookup_tokens * cfg.lookup_branches, 64)
         runner = Runner(target, head, capacity=cfg.max_input_len + cfg.max_output_len + tree_room,
                         kv_dtype=kv_dtype, k_scales=scales.get("target.k_scales"),
                         v_scales=scales.get("target.v_scales"), max_input_len=cfg.max_input_len,
@@ -82,7 +82,8 @@ class Session:
         opts = dict(
             tree=cfg.tree, draft_length=cfg.draft_length, beam_width=cfg.max_beam_width,
             total_tokens=cfg.total_tokens, confidence_threshold=cfg.confidence_threshold,
-            static_tree=cfg.static_tree, max_new_tokens=min(128, cfg.max_output_len),
+            static_tree=cfg.static_tree, max_new_tokens=min(128, cfg.max_output_len), lookup_tokens=cfg.lookup_tokens,
+            lookup_branches=cfg.lookup_branches,
         )
         if tuned:
             opts.update(self.tuned)
@@ -109,8 +110,10 @@ class Session:
 
 
 TUNED_NAME = "tuned.json"
-TUNED_KEYS = ("tree", "draft_length", "beam_width", "total_tokens", "fallback_after")
-_TUNED_MIN = {"draft_length": 1, "beam_width": 1, "total_tokens": 1, "fallback_after": 0}
+TUNED_KEYS = ("tree", "draft_length", "beam_width", "total_tokens", "fallback_after", "lookup_tokens",
+              "lookup_branches")
+_TUNED_MIN = {"draft_length": 1, "beam_width": 1, "total_tokens": 1, "fallback_after": 0, "lookup_tokens": 0,
+              "lookup_branches": 1}
 
 
 def read_tuned(root: str | Path, manifest) -> dict:

@@ -1,0 +1,87 @@
+"""Prompt-lookup branches: draft tokens copied from the context, grafted onto the EAGLE tree.
+
+Code and extraction answers repeat what they have already seen (identifiers, argument lists, quoted
+text). When the last few committed tokens occurred earlier in the prompt or the output, the tokens that
+followed them then are a cheap guess for what follows now. `NgramIndex` finds that guess in O(1) per
+step; `graft` adds it to the draft tree as one more root-to-leaf path, sharing any prefix the tree
+already has, so the target checks both in the same forward pass.
+
+Lossless either way: verification only ever keeps tokens the target itself would emit (greedy), and the
+sampling rule treats every draft token as a point-mass proposal (speculative/verify.py), which a copied
+token is too. A bad guess costs only the extra rows in the verify pass.
+
+    >>> index = NgramIndex(max_ngram=2)
+    >>> index.extend([5, 6, 7, 8, 5, 6])
+    >>> index.propose(3)
+    [7, 8, 5]
+    >>> graft([5, 7, 9], [-1, 0, 0], [7, 8])
+    ([5, 7, 9, 8], [-1, 0, 0, 1], 1)
+"""
+
+from __future__ import annotations
+
+
+class NgramIndex:
+    """The token history with, for every n-gram (n <= max_ngram), where it last ended before the end.
+
+    The n-grams ending at the newest token are registered only when the next token arrives, so a lookup of
+    the current suffix always finds an earlier occurrence, never itself."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram; got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.tokens: list[int] = []
+        self._ends: dict[tuple[int, ...], list[int]] = {}  # n-gram -> where it ended, oldest first
+
+    def extend(self, tokens: list[int]) -> None:
+        for tok in tokens:
+            end = len(self.tokens) - 1  # the previous newest token: its n-grams become searchable now
+            for n in range(1, min(self.max_ngram, end + 1) + 1):
+                self._ends.setdefault(tuple(self.tokens[end - n + 1: end + 1]), []).append(end)
+            self.tokens.append(int(tok))
+
+    def propose(self, max_tokens: int) -> list[int]:
+        """Up to max_tokens that followed the latest earlier occurrence of the longest matching suffix."""
+        found = self.proposals(max_tokens, 1)
+        return found[0] if found else []
+
+    def proposals(self, max_tokens: int, branches: int) -> list[list[int]]:
+        """Up to `branches` distinct continuations: the longest matching suffix first, its latest earlier
+        occurrence first, then older ones, then shorter suffixes."""
+        tail = self.tokens[-self.max_ngram:]
+        size = len(tail)
+        out: list[list[int]] = []
+        if max_tokens <= 0 or branches <= 0:
+            return out
+        for n in range(min(self.max_ngram, size), self.min_ngram - 1, -1):
+            for end in reversed(self._ends.get(tuple(tail[size - n:]), ())):
+                chain = self.tokens[end + 1: end + 1 + max_tokens]
+                if chain and chain not in out:
+                    out.append(chain)
+                    if len(out) == branches:
+                        return out
+        return out
+
+
+def graft(tokens: list[int], parents: list[int], chain: list[int]) -> tuple[list[int], list[int], int]:
+    """Add `chain` as a path below the root (node 0) of a tree given by tokens/parents (root first, every
+    parent before its children). Where the tree already has the chain's next token as a child, the path
+    follows it; the rest of the chain becomes new nodes appended at the end (children stay distinct).
+
+    Returns (tokens, parents, number of nodes added)."""
+    tokens, parents = list(tokens), list(parents)
+    children: dict[int, dict[int, int]] = {}
+    for i in range(1, len(parents)):
+        children.setdefault(parents[i], {}).setdefault(tokens[i], i)
+    node, added = 0, 0
+    for tok in chain:
+        nxt = children.get(node, {}).get(tok)
+        if nxt is None:
+            nxt = len(tokens)
+            tokens.append(int(tok))
+            parents.append(node)
+            children.setdefault(node, {})[tok] = nxt
+            added += 1
+        node = nxt
+    return tokens, parents, added

@@ -1,0 +1,98 @@
+"""Prompt-lookup branches: the n-gram index, grafting onto a tree, and losslessness in the runner."""
+
+import pytest
+import torch
+
+from eagle_trt.models.draft_head import Eagle3DraftHead
+from eagle_trt.models.llama import LlamaTarget
+from eagle_trt.runtime.runner import DecodeOptions, Runner, with_lookup
+from eagle_trt.speculative.lookup import NgramIndex, graft
+from eagle_trt.speculative.tree import tree_from_parents
+
+
+def test_index_never_proposes_the_suffix_itself():
+    index = NgramIndex()
+    index.extend([1, 2, 3])
+    assert index.propose(4) == []  # each n-gram occurs once: nothing earlier to copy
+    index.extend([9, 1, 2])
+    assert index.propose(4) == [3, 9, 1, 2]  # [1, 2] occurred at the start; copy what followed it
+
+
+def test_index_prefers_the_longest_then_the_latest_match():
+    index = NgramIndex(max_ngram=3)
+    index.extend([7, 1, 2, 50, 8, 2, 60, 7, 1, 2])
+    # [2] alone last occurred before 60; the 3-gram [7, 1, 2] occurred before 50 and wins.
+    assert index.propose(2) == [50, 8]
+    index.extend([70, 2])
+    assert index.propose(1) == [70]  # [1, 2]/[2]: no longer 3-gram match; the latest [2] is followed by 70
+
+
+def test_index_min_ngram_and_short_continuations():
+    index = NgramIndex(max_ngram=2, min_ngram=2)
+    index.extend([4, 5, 6, 4])
+    assert index.propose(3) == []  # only a 1-gram match ([4]), below min_ngram
+    index.extend([5])
+    assert index.propose(3) == [6, 4, 5]  # the copy may run into the recent tokens
+    assert index.propose(0) == []
+    with pytest.raises(ValueError):
+        NgramIndex(max_ngram=1, min_ngram=2)
+
+
+def test_proposals_are_distinct_latest_first_then_shorter_matches():
+    index = NgramIndex(max_ngram=2)
+    index.extend([1, 2, 3, 9, 1, 2, 4, 8, 2, 5, 1, 2])
+    assert index.proposals(2, 1) == [[4, 8]]  # the latest [1, 2]
+    assert index.proposals(2, 2) == [[4, 8], [3, 9]]  # then the older one
+    assert index.proposals(2, 4) == [[4, 8], [3, 9], [5, 1]]  # then the 1-gram [2]'s other continuation
+    index.extend([4])
+    assert index.proposals(3, 3) == [[8, 2, 5]]  # [2, 4] and [4] occurred once, with the same continuation
+
+
+def test_graft_shares_prefixes_and_keeps_children_distinct():
+    tokens, parents = [10, 11, 12, 13], [-1, 0, 0, 1]
+    new_tokens, new_parents, added = graft(tokens, parents, [11, 13, 14, 15])
+    assert added == 2  # 11 -> 13 already exist; 14 and 15 hang below node 3
+    assert new_tokens == [10, 11, 12, 13, 14, 15] and new_parents == [-1, 0, 0, 1, 3, 4]
+    assert graft(tokens, parents, [12]) == (tokens, parents, 0)
+    _, par, added = graft(tokens, parents, [20, 21])
+    assert added == 2 and par[-2:] == [0, 4]
+    for i in range(1, len(new_parents)):
+        kids = [new_tokens[j] for j in range(1, len(new_parents)) if new_parents[j] == new_parents[i]]
+        assert len(kids) == len(set(kids))
+
+
+def test_with_lookup_builds_a_valid_tree():
+    tree = tree_from_parents(torch.tensor([10, 11, 12]), torch.tensor([-1, 0, 0]))
+    assert with_lookup(tree, []) is tree and with_lookup(tree, [[11]]) is tree
+    grown = with_lookup(tree, [[11, 30, 31]])
+    assert grown.tokens.tolist() == [10, 11, 12, 30, 31] and grown.depths.tolist() == [0, 1, 1, 2, 3]
+    assert grown.mask[4].tolist() == [True, True, False, True, True]  # node 31 sees root, 11, 30, itself
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_model_dir, tiny_head_dir):
+    target = LlamaTarget.load(tiny_model_dir)
+    return Runner(target, Eagle3DraftHead.load(tiny_head_dir, target), capacity=512)
+
+
+@pytest.mark.parametrize("tree", [dict(tree="dynamic", beam_width=3, draft_length=3, total_tokens=6),
+                                  dict(tree="dynamic", beam_width=2, draft_length=2, total_tokens=3, lookup_branches=3),
+                                  dict(tree="chain", draft_length=2), dict(tree="static")],
+                         ids=["dynamic", "dynamic-3-branches", "chain", "static"])
+@pytest.mark.parametrize("prompt", [[5, 6, 7, 8, 9] * 3, [100, 20, 30, 40]])
+def test_greedy_with_lookup_equals_ar_and_uses_the_copies(runner, prompt, tree):
+    ar = runner.generate(prompt, DecodeOptions(max_new_tokens=60, mode="ar", eos_token_ids=[])).token_ids
+    res = runner.generate(prompt, DecodeOptions(max_new_tokens=60, eos_token_ids=[], lookup_tokens=6, **tree))
+    assert res.token_ids == ar
+    m = res.metrics.to_dict()
+    assert m["lookup_tokens_verified"] > 0
+    # A random tiny model falls into loops, which the lookup branch predicts; the untrained head does not.
+    assert m["lookup_tokens_accepted"] > 0
+    off = runner.generate(prompt, DecodeOptions(max_new_tokens=60, eos_token_ids=[], **{**tree, "lookup_tokens": 0}))
+    assert off.metrics.to_dict()["lookup_tokens_verified"] == 0
+    assert res.metrics.acceptance_length > off.metrics.acceptance_length
+
+
+def test_lookup_needs_room_in_the_cache(runner):
+    with pytest.raises(Exception, match="exceed the KV cache"):
+        runner.generate([5] * 400, DecodeOptions(max_new_tokens=60, lookup_tokens=64))
