@@ -38,6 +38,7 @@ def test_bench_runs_every_method_and_writes_the_report(engine, prompt_file, tmp_
                          "--repeats", "2", "--out", str(out), "--skip-verify"])
     assert r.exit_code == 0, r.output
     assert "vs hf" in r.stdout and "roofline" in r.stdout
+    assert "tree-lookup" in r.stdout and "vs hf-assisted" in r.stdout  # whole, not cut to 80 columns in logs
     res = json.loads((out / "results.json").read_text())
     assert set(res["summary"]) == {"hf", "hf-assisted", "ar", "chain", "tree", "tree-lookup"}
     assert len(res["runs"]) == 3 * 6 * 2 and not res["failures"]

@@ -18,6 +18,7 @@ from eagle_trt.cli.common import (
     fail,
     handle_errors,
     print_json,
+    print_wide,
     require_engine,
 )
 from eagle_trt.errors import EXIT_FAILURE
@@ -75,7 +76,7 @@ def _bench(engine, out, prompts, limit, max_new_tokens, repeats, methods, thread
     if json_out:
         print_json(results)
     else:
-        console.print(summary_table(results))
+        print_wide(summary_table(results))
         roof = results.get("roofline")
         if roof:
             line = f"roofline {roof['roofline_tokens_per_second']:.1f} tok/s"

@@ -17,6 +17,19 @@ from eagle_trt.errors import EXIT_FAILURE, EagleError
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
+LOG_WIDTH = 160  # columns for wide tables when stdout is not a terminal (rich would fall back to 80)
+
+
+def print_wide(renderable) -> None:
+    """Print on stdout; when it is not a terminal (CI logs, `| tee`), at LOG_WIDTH columns so wide tables
+    stay whole instead of being cut to 80."""
+    width = console.width
+    if not console.is_terminal:
+        console.width = max(width, LOG_WIDTH)
+    try:
+        console.print(renderable)
+    finally:
+        console.width = width
 
 EXIT_CODES_HELP = "Exit codes: 0 ok, 2 bad config or input, 3 missing dependency or hardware, 1 anything else."
 

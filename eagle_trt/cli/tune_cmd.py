@@ -17,6 +17,7 @@ from eagle_trt.cli.common import (
     err_console,
     handle_errors,
     print_json,
+    print_wide,
     require_engine,
 )
 from eagle_trt.errors import EagleError, InputError
@@ -137,14 +138,7 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
                       f"{r['draft_ms']:.1f}", f"{r['extend_ms']:.1f}", f"{r['verify_ms']:.1f}",
                       f"{r['predicted_tokens_per_second']:.1f}", f"{r['measured_tau']:.2f}" if measured else "",
                       f"{r['measured_tokens_per_second']:.1f}" if measured else "")
-    # Eleven columns: keep them whole in logs too (rich falls back to 80 columns when stdout is not a terminal).
-    width = console.width
-    if not console.is_terminal:
-        console.width = max(width, 160)
-    try:
-        console.print(table)
-    finally:
-        console.width = width
+    print_wide(table)  # eleven columns: keep them whole in logs too
     m = result["measured"]
     console.print(f"measured on {m['positions']} positions of {m['prompts']} prompts, {m['threads']} threads, "
                   f"in {m['seconds']:.0f}s; plain AR predicted {result['ar_predicted_tokens_per_second']:.1f} tok/s")
