@@ -49,6 +49,21 @@ def test_run_streams_text_and_prints_metrics(engine):
     assert "acceptance length τ" in r.stdout and "tokens/s" in r.stdout
 
 
+def test_run_prompt_lookup_options(engine):
+    args = ("--prompt", "abc abc abc abc", "--no-chat", "--max-new-tokens", "40")
+    on = run_json(engine, *args, "--lookup-tokens", "6", "--lookup-branches", "3")
+    off = run_json(engine, *args, "--lookup-tokens", "0")
+    ar = run_json(engine, *args, "--mode", "ar")
+    assert on["token_ids"] == off["token_ids"] == ar["token_ids"]
+    assert (on["options"]["lookup_tokens"], on["options"]["lookup_branches"]) == (6, 3)
+    assert on["metrics"]["lookup_tokens_verified"] > 0 and off["metrics"]["lookup_tokens_verified"] == 0
+    assert run_json(engine, "--prompt", "hi", "--max-new-tokens", "2")["options"]["lookup_tokens"] == 8  # config default
+    r = cli.invoke(app, ["run", "--engine", str(engine), *args, "--lookup-tokens", "3"])
+    assert r.exit_code == 0 and "prompt lookup: accepted / verified" in r.stdout
+    r = cli.invoke(app, ["run", "--engine", str(engine), "--prompt", "hi", "--lookup-branches", "0"])
+    assert r.exit_code == 2 and r.stderr.startswith("Error: --lookup-branches must be in [1, 8], got 0")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--prompt", ""], "Error: the prompt is empty: give some text with --prompt"),
     (["--prompt", "x" * 100, "--no-chat"], "Error: the prompt has 100 tokens, more than max_input_len 64"),

@@ -141,10 +141,12 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
     print_wide(table)  # eleven columns: keep them whole in logs too
     m = result["measured"]
     console.print(f"measured on {m['positions']} positions of {m['prompts']} prompts, {m['threads']} threads, "
-                  f"in {m['seconds']:.0f}s; plain AR predicted {result['ar_predicted_tokens_per_second']:.1f} tok/s")
+                  f"in {m['seconds']:.0f}s; plain AR predicted {result['ar_predicted_tokens_per_second']:.1f} tok/s",
+                  soft_wrap=True)
     if validation:
         console.print(f"end to end ({validation['repeats']} repeats, median): plain AR "
-                      f"{validation['ar_tokens_per_second']:.1f} tok/s; every speculative output matched it")
+                      f"{validation['ar_tokens_per_second']:.1f} tok/s; every speculative output matched it",
+                      soft_wrap=True)
         line = (f"best: beam_width={best['beam_width']} draft_length={best['draft_length']} "
                 f"total_tokens={best['total_tokens']} fallback_after={best['fallback_after']} "
                 f"lookup_tokens={best['lookup_tokens']} lookup_branches={best['lookup_branches']} "
@@ -158,7 +160,7 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
         line = (f"best: beam_width={best['beam_width']} draft_length={best['draft_length']} "
                 f"total_tokens={best['total_tokens']} ({best['predicted_tokens_per_second']:.1f} tok/s predicted")
         line += f", build default {default['predicted_tokens_per_second']:.1f})" if default else ")"
-    console.print(line)
+    console.print(line, soft_wrap=True)
     if validation and validation["ar_tokens_per_second"] > best["measured_tokens_per_second"]:
         console.print(f"[yellow]note:[/] plain AR decoding ({validation['ar_tokens_per_second']:.1f} tok/s) beat every "
                       f"tree setting with this head (τ {best['measured_tau']:.2f}); train the head, or run with --mode ar")
