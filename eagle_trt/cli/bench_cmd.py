@@ -86,10 +86,10 @@ def _bench(engine, out, prompts, limit, max_new_tokens, repeats, methods, thread
                 line += f"; 16-token forward = {roof['forward_16_over_1']:.2f}× a 1-token forward"
             if "tree_draft_share" in roof:
                 line += f"; drafting = {roof['tree_draft_share']:.0%} of a tree step"
-            console.print(line)
+            console.print(line, soft_wrap=True)
         for w in results["warnings"][:5]:
             console.print(f"[yellow]note:[/] {w['method']} differs from {w['reference']} on {w['prompt']} "
-                          f"at token {w['first_difference']} (HF numerics, not a failure)")
+                          f"at token {w['first_difference']} (HF numerics, not a failure)", soft_wrap=True)
         console.print(f"report: {Path(out) / 'report.md'}")
     if results["failures"]:
         f = results["failures"]

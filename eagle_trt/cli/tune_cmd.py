@@ -53,8 +53,8 @@ def tune(
     depth, and the head's acceptance on calibration prompts. The best few predicted settings and the
     build default are then decoded end to end on the same prompts (--validate), each with the
     plain-decoding fallback on and off and with prompt lookup off and on (--lookup-tokens), and the
-    fastest measured variant is stored, in ENGINE/tuned.json (listed in manifest.json with its hash); `eagle-trt run` and
-    `bench` then use it unless options override it.
+    fastest measured variant is stored in ENGINE/tuned.json (listed in manifest.json with its hash);
+    `eagle-trt run` and `bench` then use it unless options override it.
 
     Example: eagle-trt tune --engine engines/smollm2-135m-eagle3
     """
