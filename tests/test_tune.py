@@ -114,8 +114,8 @@ def test_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
     seen = set()
     for st in (Setting(4, 3, 8), Setting(2, 4, 5), Setting(1, 2, 2)):
         opts = session.decode_options(tree="dynamic", beam_width=st.beam_width, draft_length=st.draft_length,
-                                      total_tokens=st.total_tokens, max_new_tokens=24, fallback_after=0, lookup_tokens=0,
-                                      tuned=False)
+                                      total_tokens=st.total_tokens, max_new_tokens=24, fallback_after=0,
+                                      lookup_tokens=0, tuned=False)
         res = session.runner.generate(ids, opts)
         assert res.token_ids == ar
         roots, n = [], len(ids)

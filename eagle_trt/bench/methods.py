@@ -130,8 +130,8 @@ def build_methods(session, names: list[str]) -> list[Method]:
         elif n == "tree":
             out.append(OursMethod(n, runner, session.decode_options(mode="eagle", tree="dynamic", lookup_tokens=0)))
         elif n == "tree-lookup":
-            engine = session.decode_options()
-            tokens, branches = (engine.lookup_tokens, engine.lookup_branches) if engine.lookup_tokens else DEFAULT_LOOKUP
+            own = session.decode_options()
+            tokens, branches = (own.lookup_tokens, own.lookup_branches) if own.lookup_tokens else DEFAULT_LOOKUP
             out.append(OursMethod(n, runner, session.decode_options(mode="eagle", tree="dynamic",
                                                                     lookup_tokens=tokens, lookup_branches=branches)))
         elif n == "tree-untuned":

@@ -58,7 +58,9 @@ class Session:
         head = Eagle3DraftHead.load(engine.draft_dir, target, dtype)
         kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, dtype)
         scales = _kv_scales(Path(engine.root) / "kv_scales.safetensors")
-        tree_room = max(cfg.total_tokens, cfg.max_beam_width * cfg.draft_length, 64) + 1 + max(cfg.lookup_tokens * cfg.lookup_branches, 64)
+        # Head tree + root + prompt-lookup branches, with room for run-time options above the config's.
+        tree_room = (max(cfg.total_tokens, cfg.max_beam_width * cfg.draft_length, 64) + 1
+                     + max(cfg.lookup_tokens * cfg.lookup_branches, 64))
         runner = Runner(target, head, capacity=cfg.max_input_len + cfg.max_output_len + tree_room,
                         kv_dtype=kv_dtype, k_scales=scales.get("target.k_scales"),
                         v_scales=scales.get("target.v_scales"), max_input_len=cfg.max_input_len,
@@ -82,8 +84,8 @@ class Session:
         opts = dict(
             tree=cfg.tree, draft_length=cfg.draft_length, beam_width=cfg.max_beam_width,
             total_tokens=cfg.total_tokens, confidence_threshold=cfg.confidence_threshold,
-            static_tree=cfg.static_tree, max_new_tokens=min(128, cfg.max_output_len), lookup_tokens=cfg.lookup_tokens,
-            lookup_branches=cfg.lookup_branches,
+            static_tree=cfg.static_tree, max_new_tokens=min(128, cfg.max_output_len),
+            lookup_tokens=cfg.lookup_tokens, lookup_branches=cfg.lookup_branches,
         )
         if tuned:
             opts.update(self.tuned)
