@@ -6,9 +6,13 @@
     python scripts/sweep.py --engine engines/smollm2-135m-eagle3 --set temperature=0.7,1.0 --with-ar
     # several fields at once are zipped: (32, 8, 6), then (16, 4, 5)
     python scripts/sweep.py --engine E --set total_tokens=32,16 --set beam_width=8,4 --set draft_length=6,5
+    # prompt lookup on the bench's HumanEval prompts (sent as the bench sends them)
+    python scripts/sweep.py --engine E --prompts humaneval --limit 6 --set lookup_tokens=0,8,8 \
+        --set lookup_branches=1,1,2 --with-ar --repeats 1 --max-new-tokens 128
 
-Each setting runs every prompt `--repeats` times (seeded); the table shows mean tau, mean tree size and
-min/median tokens/s (over prompts x repeats), and with --with-ar the AR run under the same setting.
+Each setting runs every prompt `--repeats` times (seeded) over the engine's defaults (tuned ones included);
+the table shows mean tau, mean tree size and min/median tokens/s (over prompts x repeats), and with
+--with-ar the AR run under the same setting.
 """
 
 from __future__ import annotations
@@ -30,10 +34,9 @@ def parse_set(spec: str) -> tuple[str, list]:
     return name.replace("-", "_"), [json.loads(v) for v in values.split(",")]
 
 
-def run_setting(session, prompts, overrides, repeats, max_new_tokens):
+def run_setting(session, encoded, overrides, repeats, max_new_tokens):
     taus, sizes, speeds, rows = [], [], [], []
-    for i, prompt in enumerate(prompts):
-        ids = session.encode(prompt)
+    for i, ids in enumerate(encoded):
         for r in range(repeats):
             opts = session.decode_options(max_new_tokens=max_new_tokens, seed=1000 * i + r, **overrides)
             m = session.runner.generate(ids, opts).metrics.to_dict()
@@ -58,7 +61,9 @@ def main() -> None:
     ap.add_argument("--with-ar", action="store_true", help="also run plain decoding under each setting")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--limit", type=int, default=len(PROMPTS))
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--prompts", default=None,
+                    help="chat, humaneval or a .jsonl file, as for `eagle-trt bench` (default: four built-in chats)")
     args = ap.parse_args()
 
     from rich.console import Console
@@ -72,17 +77,22 @@ def main() -> None:
         raise SystemExit("every --set needs the same number of values")
     name = "/".join(n for n, _ in sets)
     settings = [dict(zip([n for n, _ in sets], combo)) for combo in zip(*[v for _, v in sets])]
-    prompts = PROMPTS[: args.limit]
-    session.runner.generate(session.encode(prompts[0]), session.decode_options(max_new_tokens=8))  # warm-up
-    table = Table(title=f"sweep of {name} ({len(prompts)} prompts x {args.repeats}, {args.max_new_tokens} tokens)")
+    if args.prompts:
+        from eagle_trt.bench.prompts import load_prompts
+
+        encoded = [p.encode(session.tokenizer) for p in load_prompts(args.prompts, args.limit)]
+    else:
+        encoded = [session.encode(p) for p in PROMPTS[: args.limit]]
+    session.runner.generate(encoded[0], session.decode_options(max_new_tokens=8))  # warm-up
+    table = Table(title=f"sweep of {name} ({len(encoded)} prompts x {args.repeats}, {args.max_new_tokens} tokens)")
     for col in (name, "tau", "tree size", "tok/s min", "tok/s median", "AR tok/s median", "speedup"):
         table.add_column(col, justify="right")
     results = []
     for setting in settings:
         value = "/".join(str(v) for v in setting.values())
-        res = {**setting, "eagle": run_setting(session, prompts, setting, args.repeats, args.max_new_tokens)}
+        res = {**setting, "eagle": run_setting(session, encoded, setting, args.repeats, args.max_new_tokens)}
         if args.with_ar:
-            res["ar"] = run_setting(session, prompts, {**setting, "mode": "ar"}, args.repeats, args.max_new_tokens)
+            res["ar"] = run_setting(session, encoded, {**setting, "mode": "ar"}, args.repeats, args.max_new_tokens)
         e, a = res["eagle"], res.get("ar")
         speedup = f"{e['median_tps'] / a['median_tps']:.2f}x" if a else "-"
         table.add_row(str(value), f"{e['tau']:.2f}", f"{e['tree_size']:.1f}", f"{e['min_tps']:.1f}",

@@ -13,27 +13,27 @@ from eagle_trt.speculative.tree import tree_from_parents
 def test_index_never_proposes_the_suffix_itself():
     index = NgramIndex()
     index.extend([1, 2, 3])
-    assert index.propose(4) == []  # each n-gram occurs once: nothing earlier to copy
+    assert index.proposals(4, 1) == []  # each n-gram occurs once: nothing earlier to copy
     index.extend([9, 1, 2])
-    assert index.propose(4) == [3, 9, 1, 2]  # [1, 2] occurred at the start; copy what followed it
+    assert index.proposals(4, 1) == [[3, 9, 1, 2]]  # [1, 2] occurred at the start; copy what followed it
 
 
 def test_index_prefers_the_longest_then_the_latest_match():
     index = NgramIndex(max_ngram=3)
     index.extend([7, 1, 2, 50, 8, 2, 60, 7, 1, 2])
     # [2] alone last occurred before 60; the 3-gram [7, 1, 2] occurred before 50 and wins.
-    assert index.propose(2) == [50, 8]
+    assert index.proposals(2, 1) == [[50, 8]]
     index.extend([70, 2])
-    assert index.propose(1) == [70]  # [1, 2]/[2]: no longer 3-gram match; the latest [2] is followed by 70
+    assert index.proposals(1, 1) == [[70]]  # no 3- or 2-gram match: the latest earlier [2] is followed by 70
 
 
 def test_index_min_ngram_and_short_continuations():
     index = NgramIndex(max_ngram=2, min_ngram=2)
     index.extend([4, 5, 6, 4])
-    assert index.propose(3) == []  # only a 1-gram match ([4]), below min_ngram
+    assert index.proposals(3, 1) == []  # only a 1-gram match ([4]), below min_ngram
     index.extend([5])
-    assert index.propose(3) == [6, 4, 5]  # the copy may run into the recent tokens
-    assert index.propose(0) == []
+    assert index.proposals(3, 1) == [[6, 4, 5]]  # the copy may run into the recent tokens
+    assert index.proposals(0, 1) == []
     with pytest.raises(ValueError):
         NgramIndex(max_ngram=1, min_ngram=2)
 
@@ -94,5 +94,21 @@ def test_greedy_with_lookup_equals_ar_and_uses_the_copies(runner, prompt, tree):
 
 
 def test_lookup_needs_room_in_the_cache(runner):
-    with pytest.raises(Exception, match="exceed the KV cache"):
-        runner.generate([5] * 400, DecodeOptions(max_new_tokens=60, lookup_tokens=64))
+    from eagle_trt.errors import InputError
+
+    runner.generate([5] * 400, DecodeOptions(max_new_tokens=60, lookup_tokens=0))  # fits without the branches
+    with pytest.raises(InputError, match="exceed the KV cache"):
+        runner.generate([5] * 400, DecodeOptions(max_new_tokens=60, lookup_tokens=8, lookup_branches=8))
+
+
+def test_prompt_lookup_is_reported_as_torch_only():
+    from eagle_trt.config.schema import EagleConfig
+    from eagle_trt.engine.trtllm_bundle import check_trtllm_config
+
+    def warnings(lookup_tokens):
+        cfg = EagleConfig(backend="trtllm", dtype="bfloat16", draft_length=4, total_tokens=16, max_beam_width=4,
+                          lookup_tokens=lookup_tokens)
+        return check_trtllm_config(cfg)
+
+    assert any("prompt-lookup" in w for w in warnings(8))
+    assert not any("prompt-lookup" in w for w in warnings(0))

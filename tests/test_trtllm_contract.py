@@ -392,10 +392,3 @@ def test_sampling_and_typical_acceptance_map_to_trtllm_fields(tmp_path):
     assert speculative and (spec["max_draft_len"], spec["dynamic_tree_max_topK"], spec["max_total_draft_tokens"]) == (3, 2, 6)
     assert spec["greedy_sampling"] is False and spec["posterior_threshold"] == 0.09 and spec["allow_advanced_sampling"]
     assert llm_opts["speculative_config"]["greedy_sampling"] is True  # the bundle itself stays lossless
-
-
-def test_prompt_lookup_is_reported_as_torch_only():
-    from eagle_trt.engine.trtllm_bundle import check_trtllm_config
-
-    assert any("prompt-lookup" in w for w in check_trtllm_config(trt_cfg(lookup_tokens=8)))
-    assert not any("prompt-lookup" in w for w in check_trtllm_config(trt_cfg(lookup_tokens=0)))

@@ -14,6 +14,7 @@ from eagle_trt.cli.common import (
     SkipVerifyOpt,
     ThreadsOpt,
     apply_threads,
+    check_lookup,
     console,
     handle_errors,
     print_json,
@@ -102,10 +103,7 @@ def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, t
         if value is not None and value < 1:
             raise InputError(f"{name} must be >= 1, got {value}")
     lookup_tokens, lookup_branches = lookup
-    if lookup_tokens is not None and not 0 <= lookup_tokens <= 32:
-        raise InputError(f"--lookup-tokens must be in [0, 32], got {lookup_tokens}")
-    if lookup_branches is not None and not 1 <= lookup_branches <= 8:
-        raise InputError(f"--lookup-branches must be in [1, 8], got {lookup_branches}")
+    check_lookup(lookup_tokens, lookup_branches)
     if confidence_threshold is not None and not 0 <= confidence_threshold < 1:
         raise InputError(f"--confidence-threshold must be in [0, 1), got {confidence_threshold}")
     _check_sampling(sampling)

@@ -13,6 +13,7 @@ from eagle_trt.cli.common import (
     JsonOpt,
     SkipVerifyOpt,
     apply_threads,
+    check_lookup,
     console,
     err_console,
     handle_errors,
@@ -82,10 +83,7 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
     if validate < 0:
         raise InputError(f"--validate must be >= 0, got {validate}")
     lookup_tokens, lookup_branches = lookup
-    if lookup_tokens is not None and not 0 <= lookup_tokens <= 32:
-        raise InputError(f"--lookup-tokens must be in [0, 32], got {lookup_tokens}")
-    if lookup_branches is not None and not 1 <= lookup_branches <= 8:
-        raise InputError(f"--lookup-branches must be in [1, 8], got {lookup_branches}")
+    check_lookup(lookup_tokens, lookup_branches)
     if not beam_list or min(beam_list) < 1:
         raise InputError(f"--beams must list integers >= 1, got {beams!r}")
     apply_threads(threads)

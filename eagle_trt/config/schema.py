@@ -23,6 +23,8 @@ from pydantic_core import PydanticCustomError
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 Rank = Annotated[int, Field(ge=0)]
+MAX_LOOKUP_TOKENS = 32
+MAX_LOOKUP_BRANCHES = 8
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
@@ -87,13 +89,13 @@ class EagleConfig(BaseModel):
         None, description="Tree paths by top-k rank, e.g. [[0], [0, 0], [1]]; only with tree: static."
     )
     lookup_tokens: int = Field(
-        8, ge=0, le=32,
+        8, ge=0, le=MAX_LOOKUP_TOKENS,
         description="Prompt lookup: graft up to this many tokens copied from the context (what followed an earlier "
         "occurrence of the last 1-3 tokens) onto every draft tree, verified in the same pass; 0 = off. Lossless; "
         "helps code, extraction and any answer that repeats itself or the prompt.",
     )
     lookup_branches: int = Field(
-        2, ge=1, le=8, description="Distinct copied continuations per draft tree (each up to lookup_tokens long)."
+        2, ge=1, le=MAX_LOOKUP_BRANCHES, description="Distinct copied continuations per draft tree (each up to lookup_tokens long)."
     )
     max_batch_size: int = Field(1, ge=1, description="Largest batch the engine accepts.")
     max_input_len: int = Field(2048, ge=1, description="Longest prompt in tokens.")

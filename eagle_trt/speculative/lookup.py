@@ -12,8 +12,8 @@ token is too. A bad guess costs only the extra rows in the verify pass.
 
     >>> index = NgramIndex(max_ngram=2)
     >>> index.extend([5, 6, 7, 8, 5, 6])
-    >>> index.propose(3)
-    [7, 8, 5]
+    >>> index.proposals(3, branches=2)
+    [[7, 8, 5]]
     >>> graft([5, 7, 9], [-1, 0, 0], [7, 8])
     ([5, 7, 9, 8], [-1, 0, 0, 1], 1)
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 
 class NgramIndex:
-    """The token history with, for every n-gram (n <= max_ngram), where it last ended before the end.
+    """The token history with, for every n-gram (n <= max_ngram), every place it ended before the end.
 
     The n-grams ending at the newest token are registered only when the next token arrives, so a lookup of
     the current suffix always finds an earlier occurrence, never itself."""
@@ -40,11 +40,6 @@ class NgramIndex:
             for n in range(1, min(self.max_ngram, end + 1) + 1):
                 self._ends.setdefault(tuple(self.tokens[end - n + 1: end + 1]), []).append(end)
             self.tokens.append(int(tok))
-
-    def propose(self, max_tokens: int) -> list[int]:
-        """Up to max_tokens that followed the latest earlier occurrence of the longest matching suffix."""
-        found = self.proposals(max_tokens, 1)
-        return found[0] if found else []
 
     def proposals(self, max_tokens: int, branches: int) -> list[list[int]]:
         """Up to `branches` distinct continuations: the longest matching suffix first, its latest earlier
