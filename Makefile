@@ -39,7 +39,7 @@ $(GGUF):
 
 model: venv $(GGUF)
 
-$(CKPT)/convert.json: $(HEAD)/model.safetensors | venv $(GGUF)
+$(CKPT)/convert.json: $(HEAD)/model.safetensors $(HEAD)/datastore.safetensors | venv $(GGUF)
 	$(EAGLE) convert $(GGUF) --output $(CKPT) --head $(HEAD) --force
 
 checkpoint: $(CKPT)/convert.json

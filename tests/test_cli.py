@@ -62,6 +62,9 @@ def test_run_prompt_lookup_options(engine):
     assert r.exit_code == 0 and "prompt lookup: accepted / verified" in r.stdout
     r = cli.invoke(app, ["run", "--engine", str(engine), "--prompt", "hi", "--lookup-branches", "0"])
     assert r.exit_code == 2 and r.stderr.startswith("Error: --lookup-branches must be in [1, 8], got 0")
+    r = cli.invoke(app, ["run", "--engine", str(engine), "--prompt", "hi", "--datastore-branches", "9"])
+    assert r.exit_code == 2 and r.stderr.startswith("Error: --datastore-branches must be in [0, 8], got 9")
+    assert run_json(engine, *args, "--datastore-branches", "0")["options"]["datastore_branches"] == 0
 
 
 @pytest.mark.parametrize("args, message", [

@@ -179,6 +179,13 @@ def test_ship_a_trained_head(tiny, tmp_path):
     second = convert_model(tiny, tmp_path / "b", head=first.draft_dir, progress=False)
     assert (second.draft_dir / "model.safetensors").read_bytes() == (first.draft_dir / "model.safetensors").read_bytes()
     assert second.summary["head_source"] == str(first.draft_dir)
+    assert not (second.draft_dir / "datastore.safetensors").exists()  # none to copy
+    from eagle_trt.engine.datastore_file import write_datastore
+
+    write_datastore(first.draft_dir / "datastore.safetensors", [[1, 2, 3]])
+    third = convert_model(tiny, tmp_path / "c", head=first.draft_dir, progress=False)
+    assert (third.draft_dir / "datastore.safetensors").read_bytes() == (
+        first.draft_dir / "datastore.safetensors").read_bytes()
 
 
 def test_head_that_does_not_fit_is_refused(tiny, tmp_path):

@@ -62,3 +62,37 @@ def test_eagle_equals_ar_equals_hf(session, hf_model, prompt):
 def test_no_chat_encodes_like_the_tokenizer(session):
     text = "def fibonacci(n):"
     assert session.encode(text, chat=False) == session.tokenizer(text).input_ids
+
+
+HEAD_DATASTORE = REPO / "heads" / "smollm2-135m-instruct" / "datastore.safetensors"
+
+
+def test_shipped_datastore_is_the_heads_training_text(session):
+    """heads/.../datastore.safetensors is exactly scripts/make_datastore.py over data/*_answers.jsonl (the
+    head's training data, which tests/test_heldout.py keeps clear of the bench's prompts)."""
+    from eagle_trt.convert.data import build_dataset
+    from eagle_trt.engine.datastore_file import check_datastore
+
+    files = [REPO / "data" / n for n in ("code_answers.jsonl", "chat_train_answers.jsonl",
+                                         "chat_followup_answers.jsonl")]
+    sequences = build_dataset(files, session.tokenizer, seq_len=512, progress=False).sequences
+    expected = []
+    for seq in sequences:
+        expected += ([-1] if expected else []) + seq
+    assert check_datastore(HEAD_DATASTORE, session.runner.target.spec.vocab_size).tolist() == expected
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:2])
+def test_eagle_with_the_datastore_equals_ar(session, prompt):
+    from eagle_trt.engine.datastore_file import read_datastore
+
+    ids = session.encode(prompt, chat=True)
+    ar = session.runner.generate(ids, session.decode_options(max_new_tokens=NEW_TOKENS, mode="ar")).token_ids
+    session.runner.datastore = read_datastore(HEAD_DATASTORE, session.runner.target.spec.vocab_size)
+    try:
+        res = session.runner.generate(ids, session.decode_options(max_new_tokens=NEW_TOKENS, lookup_tokens=8,
+                                                                  lookup_branches=1, datastore_branches=2))
+    finally:
+        session.runner.datastore = None
+    assert res.token_ids == ar
+    assert res.metrics.to_dict()["lookup_tokens_accepted"] > 0

@@ -284,6 +284,11 @@ def test_convert_trains_exports_and_reports(tiny_model_dir, chats, tmp_path):
     w = load_safetensors(out / "draft" / "model.safetensors")
     assert w["d2t"].shape == (64,) and int(w["d2t"].sum()) > 0  # a real mapping, not the all-zero init
     assert 257 in (torch.arange(64) + w["d2t"]).tolist()  # EOS is always draftable
+    # The training sequences double as the head's prompt-lookup datastore.
+    from eagle_trt.engine.datastore_file import check_datastore
+
+    store = check_datastore(out / "draft" / "datastore.safetensors", vocab_size=512)
+    assert int((store >= 0).sum()) == manifest["training"]["datastore_tokens"] == manifest["training"]["data"]["tokens"]
 
     from eagle_trt.errors import InputError
 

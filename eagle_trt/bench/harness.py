@@ -103,6 +103,8 @@ def aggregate(runs: list[dict], names: list[str], repeats: int) -> dict:
             # Accepted draft tokens that the prompt-lookup branch supplied (tree-lookup), out of all accepted.
             "lookup_accepted": sum(x["metrics"].get("lookup_tokens_accepted", 0) for x in first)
             if speculative else None,
+            "datastore_accepted": sum(x["metrics"].get("datastore_tokens_accepted", 0) for x in first)
+            if speculative else None,
             "draft_accepted": sum(s[0] for x in first for s in x["steps"]) if speculative else None,
         }
     per_prompt = {}

@@ -57,7 +57,8 @@ class OursMethod(Method):
         self.settings = {"mode": opts.mode} if not self.speculative else {
             "tree": opts.tree, "draft_length": opts.draft_length, "beam_width": opts.beam_width,
             "total_tokens": opts.total_tokens, "fallback_after": opts.fallback_after,
-            "lookup_tokens": opts.lookup_tokens, "lookup_branches": opts.lookup_branches}
+            "lookup_tokens": opts.lookup_tokens, "lookup_branches": opts.lookup_branches,
+            "datastore_branches": opts.datastore_branches if getattr(runner, "datastore", None) is not None else 0}
 
     def run(self, prompt_ids, max_new_tokens):
         self.opts.max_new_tokens = max_new_tokens

@@ -85,7 +85,9 @@ def markdown(results: dict) -> str:
     look = results["summary"].get("tree-lookup", {})
     if look.get("draft_accepted"):
         lines += [f"`tree-lookup`: {look['lookup_accepted']} of its {look['draft_accepted']} accepted draft tokens "
-                  f"({look['lookup_accepted'] / look['draft_accepted']:.0%}) came from the prompt-lookup branch.", ""]
+                  f"({look['lookup_accepted'] / look['draft_accepted']:.0%}) came from the prompt-lookup branches"
+                  + (f", {look['datastore_accepted']} of them from the datastore." if look.get("datastore_accepted")
+                     else "."), ""]
     lines += ["## Methods", ""]
     for m, settings in results["methods"].items():
         lines.append(f"- `{m}`: " + ", ".join(f"{k}={v}" for k, v in settings.items()))

@@ -43,6 +43,9 @@ def run(
              "occurred before (0 = off). Lossless; helps code and extraction. Default: the engine's.")] = None,
     lookup_branches: Annotated[Optional[int], typer.Option(
         help="Distinct copied continuations per tree (prompt lookup). Default: the engine's.")] = None,
+    datastore_branches: Annotated[Optional[int], typer.Option(
+        help="More copied continuations from the draft's datastore (engines built with one), the most frequent "
+             "after the last tokens; 0 = off. Default: the engine's.")] = None,
     temperature: Annotated[float, typer.Option(
         help="Sampling temperature; 0 = greedy. At T > 0 the tree is verified by multi-branch rejection "
              "sampling: the output distribution equals the target's exactly.")] = 0.0,
@@ -73,7 +76,8 @@ def run(
                     posterior_threshold=posterior_threshold, fallback_after=fallback_after,
                     fallback_tokens=fallback_tokens)
     handle_errors(_run)(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, total_tokens,
-                        confidence_threshold, (lookup_tokens, lookup_branches), chat, json_out, skip_verify, sampling)
+                        confidence_threshold, (lookup_tokens, lookup_branches, datastore_branches), chat, json_out,
+                        skip_verify, sampling)
 
 
 def _check_sampling(s: dict) -> None:
@@ -102,8 +106,8 @@ def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, t
                         ("--beam-width", beam_width), ("--total-tokens", total_tokens)):
         if value is not None and value < 1:
             raise InputError(f"{name} must be >= 1, got {value}")
-    lookup_tokens, lookup_branches = lookup
-    check_lookup(lookup_tokens, lookup_branches)
+    lookup_tokens, lookup_branches, datastore_branches = lookup
+    check_lookup(lookup_tokens, lookup_branches, datastore_branches)
     if confidence_threshold is not None and not 0 <= confidence_threshold < 1:
         raise InputError(f"--confidence-threshold must be in [0, 1), got {confidence_threshold}")
     _check_sampling(sampling)
@@ -115,7 +119,8 @@ def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, t
     opts = session.decode_options(max_new_tokens=max_new_tokens, mode=mode, tree=tree, draft_length=draft_length,
                                   beam_width=beam_width, total_tokens=total_tokens,
                                   confidence_threshold=confidence_threshold, lookup_tokens=lookup_tokens,
-                                  lookup_branches=lookup_branches, **sampling)
+                                  lookup_branches=lookup_branches, datastore_branches=datastore_branches,
+                                  **sampling)
     ids = session.encode(prompt, chat=chat)
     stream = TextStream(session.tokenizer)
 
@@ -162,5 +167,8 @@ def metrics_table(m: dict) -> Table:
     if m.get("lookup_tokens_verified"):
         table.add_row("prompt lookup: accepted / verified",
                       f"{m['lookup_tokens_accepted']} / {m['lookup_tokens_verified']}")
+    if m.get("datastore_tokens_verified"):
+        table.add_row("  of which datastore: accepted / verified",
+                      f"{m['datastore_tokens_accepted']} / {m['datastore_tokens_verified']}")
     table.add_row("stop", m["stop_reason"])
     return table

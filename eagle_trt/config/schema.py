@@ -97,6 +97,12 @@ class EagleConfig(BaseModel):
     lookup_branches: int = Field(
         2, ge=1, le=MAX_LOOKUP_BRANCHES, description="Distinct copied continuations per draft tree (each up to lookup_tokens long)."
     )
+    datastore_branches: int = Field(
+        1, ge=0, le=MAX_LOOKUP_BRANCHES,
+        description="Continuations (up to lookup_tokens long) taken from the draft's datastore, the text its "
+        "training data holds, in addition to the context's: the most frequent ones after the last 2-4 tokens. "
+        "Used only by engines whose draft/ has a datastore.safetensors and with lookup_tokens > 0; 0 = off.",
+    )
     max_batch_size: int = Field(1, ge=1, description="Largest batch the engine accepts.")
     max_input_len: int = Field(2048, ge=1, description="Longest prompt in tokens.")
     max_output_len: int = Field(512, ge=1, description="Most tokens generated per request.")

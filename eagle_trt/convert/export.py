@@ -3,7 +3,8 @@
 Layout (what `eagle-trt build` reads):
 
     OUT/target/    config.json, model.safetensors, tokenizer files, generation_config.json
-    OUT/draft/     config.json, model.safetensors    (modelopt's EAGLE-3 deployment export)
+    OUT/draft/     config.json, model.safetensors    (modelopt's EAGLE-3 deployment export),
+                   datastore.safetensors             (the training text, for prompt lookup; optional)
     OUT/convert.json
 
     from eagle_trt.convert.attach import attach_eagle3

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from eagle_trt.engine.datastore_file import DATASTORE_NAME, write_datastore
 from eagle_trt.errors import InputError
 
 from .attach import attach_eagle3
@@ -153,7 +154,9 @@ def _ship_head(model, tokenizer, info, out: Path, overwrite: bool, head: Path, s
             write_target(model, tokenizer, stage / "target")
         with stages.stage("head", f"Copying trained head from {head}"):
             (stage / "draft").mkdir()
-            for name in ("config.json", "model.safetensors"):
+            for name in ("config.json", "model.safetensors", DATASTORE_NAME):
+                if name == DATASTORE_NAME and not (head / name).is_file():
+                    continue  # optional: the prompt-lookup datastore that travels with the head
                 shutil.copyfile(head / name, stage / "draft" / name)
             Eagle3DraftHead.load(stage / "draft", LlamaTarget.load(stage / "target"))
             draft_config = json.loads((stage / "draft" / "config.json").read_text())
@@ -270,6 +273,8 @@ def convert_model(
                         **result.summary()}
         with stages.stage("export_draft", "Writing draft head"):
             draft_config = write_draft(model, stage / "draft")
+            if train:  # the training text doubles as the head's prompt-lookup datastore
+                training["datastore_tokens"] = write_datastore(stage / "draft" / DATASTORE_NAME, dataset.sequences)
         # Paths stay out of convert.json: the checkpoint dir may be moved after it is written.
         manifest = {
             "source": info.to_dict(),

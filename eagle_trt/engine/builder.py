@@ -213,6 +213,8 @@ def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path) -> Manifes
             shutil.copyfile(src, root / "target" / src.name)
     if plan.kv_scales is not None:
         shutil.copyfile(plan.kv_scales, root / KV_SCALES_NAME)
+    if plan.datastore is not None and not trt:  # TensorRT-LLM drafts with the head alone
+        shutil.copyfile(plan.datastore, root / "draft" / plan.datastore.name)
     (root / "eagle_config.yaml").write_text(dump_config(cfg), encoding="utf-8")
     if trt:
         trtllm_bundle.write_bundle(cfg, plan.head_kind, plan.draft_info["aux_layer_ids"], plan.target_config,

@@ -55,6 +55,7 @@ class CheckpointPlan:
     draft_info: dict
     head_kind: str = "eagle3"  # or "eagle1" (EAGLE-1/2 layout; backend trtllm only)
     kv_scales: Path | None = None  # CKPT/kv_scales.safetensors, checked, when present
+    datastore: Path | None = None  # CKPT/draft/datastore.safetensors, checked, when present
 
 
 def inspect_checkpoint(cfg: EagleConfig, ckpt: Path) -> CheckpointPlan:
@@ -139,6 +140,13 @@ def inspect_checkpoint(cfg: EagleConfig, ckpt: Path) -> CheckpointPlan:
         check_eagle3_shapes(shapes, dweights, dcfg_path, arch, heads_kv, head_dim, len(aux))
     vocab = check_draft_vocab(shapes, dcfg, dweights, dcfg_path, H, V)
     kv_scales = check_kv_scales(ckpt / KV_SCALES_NAME, L)
+    from eagle_trt.engine.datastore_file import DATASTORE_NAME, check_datastore
+
+    datastore = ddir / DATASTORE_NAME
+    if datastore.is_file():
+        check_datastore(datastore, V)
+    else:
+        datastore = None
 
     # The checkpoint's draft config as-is (rope, eps: nothing guessed), plus every resolved shape
     # field, so the runtime never has to re-derive a default differently from these checks.
@@ -164,6 +172,7 @@ def inspect_checkpoint(cfg: EagleConfig, ckpt: Path) -> CheckpointPlan:
         draft_info={"hidden_size": H, "draft_vocab_size": vocab, "aux_layer_ids": aux},
         head_kind=kind,
         kv_scales=kv_scales,
+        datastore=datastore,
     )
 
 

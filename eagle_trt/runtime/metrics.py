@@ -12,8 +12,10 @@ class StepRecord:
     tree_depth: int
     draft_s: float
     verify_s: float
-    lookup_accepted: int = 0  # of `accepted`, tokens that came from the prompt-lookup branch
-    lookup_size: int = 0  # draft tokens the prompt-lookup branch added to the tree
+    lookup_accepted: int = 0  # of `accepted`, tokens that came from prompt-lookup branches (datastore included)
+    lookup_size: int = 0  # draft tokens the prompt-lookup branches added to the tree (datastore included)
+    datastore_accepted: int = 0  # of lookup_accepted, tokens from the datastore's branches
+    datastore_size: int = 0  # of lookup_size, tokens the datastore's branches added
 
 
 @dataclass
@@ -92,4 +94,6 @@ class GenerationMetrics:
             "fallback_tokens": self.fallback_tokens,
             "lookup_tokens_verified": sum(s.lookup_size for s in self.steps),
             "lookup_tokens_accepted": sum(s.lookup_accepted for s in self.steps),
+            "datastore_tokens_verified": sum(s.datastore_size for s in self.steps),
+            "datastore_tokens_accepted": sum(s.datastore_accepted for s in self.steps),
         }

@@ -22,6 +22,7 @@ from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.runtime.drafter import Drafter
 from eagle_trt.runtime.metrics import GenerationMetrics, StepRecord
+from eagle_trt.speculative.datastore import Datastore
 from eagle_trt.speculative.lookup import NgramIndex, graft
 from eagle_trt.speculative.sampling import SamplingParams, processed_probs, sample
 from eagle_trt.speculative.tree import (DEFAULT_STATIC_TREE, Tree, chain_choices, static_layout, tree_from_parents,
@@ -53,6 +54,7 @@ class DecodeOptions:
     # Prompt lookup: graft up to this many tokens copied from the context onto each draft tree (0 = off).
     lookup_tokens: int = 0
     lookup_branches: int = 1  # distinct copied continuations per tree (each up to lookup_tokens long)
+    datastore_branches: int = 0  # more continuations from the runner's datastore, if it has one
 
     @property
     def sampling(self) -> SamplingParams:
@@ -65,7 +67,7 @@ class DecodeOptions:
     def tree_capacity(self) -> int:
         """Upper bound of tree nodes (root included) and of draft scratch slots."""
         return (max(self.total_tokens, self.beam_width * self.draft_length, len(DEFAULT_STATIC_TREE)) + 1
-                + max(self.lookup_tokens, 0) * max(self.lookup_branches, 1))
+                + max(self.lookup_tokens, 0) * (max(self.lookup_branches, 1) + max(self.datastore_branches, 0)))
 
 
 @dataclass
@@ -78,8 +80,9 @@ class GenerationResult:
 class Runner:
     def __init__(self, target: LlamaTarget, head: Eagle3DraftHead | None, capacity: int,
                  kv_dtype: torch.dtype | None = None, k_scales=None, v_scales=None, max_input_len: int | None = None,
-                 draft_k_scales=None, draft_v_scales=None):
+                 draft_k_scales=None, draft_v_scales=None, datastore: Datastore | None = None):
         self.target, self.head = target, head
+        self.datastore = datastore  # a second prompt-lookup source (speculative/datastore.py)
         self.capacity = capacity
         self.max_input_len = max_input_len or capacity
         if head is not None:
@@ -209,9 +212,15 @@ class Runner:
                                                   opts.confidence_threshold)
             else:
                 tree = self.drafter.draft_static(root, layout)
-            drafted = tree.tokens.numel()  # nodes from the head; any after these are copied from the context
+            # Node indices: the head's nodes first, then the context's copies, then the datastore's.
+            drafted = tree.tokens.numel()
             if index is not None:
-                tree = with_lookup(tree, index.proposals(opts.lookup_tokens, opts.lookup_branches))
+                context, stored = self._lookup_chains(index, opts)
+                tree = with_lookup(tree, context)
+                copied = tree.tokens.numel()
+                tree = with_lookup(tree, stored)
+            else:
+                copied = drafted
             t_verify = time.perf_counter()
             # One target forward over root + tree; node i sits at position n + depth(i).
             hidden, aux = self.target.hidden_states(tree.tokens, tree.positions(n), self.cache, tree.mask,
@@ -239,7 +248,8 @@ class Runner:
             accepted = tree.tokens[path[1:]].tolist()
             step = StepRecord(len(accepted), tree.size, tree.depth, carry_draft_s + (t_verify - t_draft),
                               t_done - t_verify, lookup_accepted=int((path >= drafted).sum()),
-                              lookup_size=tree.tokens.numel() - drafted)
+                              lookup_size=tree.tokens.numel() - drafted, datastore_accepted=int((path >= copied).sum()),
+                              datastore_size=tree.tokens.numel() - copied)
             metrics.steps.append(step)
             misses = misses + 1 if not accepted else 0
             if emit(accepted + [bonus]):
@@ -248,6 +258,15 @@ class Runner:
             t = time.perf_counter()
             self.drafter.extend(aux[path], torch.tensor(accepted + [bonus]))
             carry_draft_s = time.perf_counter() - t
+
+    def _lookup_chains(self, index: NgramIndex, opts: DecodeOptions) -> tuple[list[list[int]], list[list[int]]]:
+        """Copied continuations: the context's, and the datastore's that differ from those."""
+        chains = index.proposals(opts.lookup_tokens, opts.lookup_branches)
+        if self.datastore is None or opts.datastore_branches <= 0:
+            return chains, []
+        extra = self.datastore.proposals(index.tokens[-max(self.datastore.ngrams):], opts.lookup_tokens,
+                                         opts.datastore_branches + len(chains))
+        return chains, [c for c in extra if c not in chains][: opts.datastore_branches]
 
     def _check_prompt(self, prompt_ids: list[int], opts: DecodeOptions) -> None:
         if not prompt_ids:

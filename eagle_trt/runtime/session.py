@@ -60,11 +60,12 @@ class Session:
         scales = _kv_scales(Path(engine.root) / "kv_scales.safetensors")
         # Head tree + root + prompt-lookup branches, with room for run-time options above the config's.
         tree_room = (max(cfg.total_tokens, cfg.max_beam_width * cfg.draft_length, 64) + 1
-                     + max(cfg.lookup_tokens * cfg.lookup_branches, 64))
+                     + max(cfg.lookup_tokens * (cfg.lookup_branches + cfg.datastore_branches), 64))
         runner = Runner(target, head, capacity=cfg.max_input_len + cfg.max_output_len + tree_room,
                         kv_dtype=kv_dtype, k_scales=scales.get("target.k_scales"),
                         v_scales=scales.get("target.v_scales"), max_input_len=cfg.max_input_len,
-                        draft_k_scales=scales.get("draft.k_scales"), draft_v_scales=scales.get("draft.v_scales"))
+                        draft_k_scales=scales.get("draft.k_scales"), draft_v_scales=scales.get("draft.v_scales"),
+                        datastore=_datastore(Path(engine.draft_dir), target.spec.vocab_size))
         return cls(engine, runner, load_tokenizer(engine.tokenizer_dir))
 
     @property
@@ -86,6 +87,7 @@ class Session:
             total_tokens=cfg.total_tokens, confidence_threshold=cfg.confidence_threshold,
             static_tree=cfg.static_tree, max_new_tokens=min(128, cfg.max_output_len),
             lookup_tokens=cfg.lookup_tokens, lookup_branches=cfg.lookup_branches,
+            datastore_branches=cfg.datastore_branches,
         )
         if tuned:
             opts.update(self.tuned)
@@ -133,6 +135,14 @@ def read_tuned(root: str | Path, manifest) -> dict:
     if not ok:
         raise CheckpointError(f"{path}: bad tuned settings {out}", hint="rerun `eagle-trt tune`")
     return out
+
+
+def _datastore(draft_dir: Path, vocab_size: int):
+    """The draft's lookup datastore (draft/datastore.safetensors), or None when the engine has none."""
+    from eagle_trt.engine.datastore_file import DATASTORE_NAME, read_datastore
+
+    path = draft_dir / DATASTORE_NAME
+    return read_datastore(path, vocab_size) if path.is_file() else None
 
 
 def _kv_scales(path: Path) -> dict[str, torch.Tensor]:
