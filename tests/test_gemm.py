@@ -6,7 +6,7 @@ import torch
 
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.gemm import Projection, cpu_has_native_bf16, prepack_enabled
-from eagle_trt.models.layers import attention, attention_fp64
+from eagle_trt.models.layers import additive_mask, attention, attention_fp64
 from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.runtime.runner import DecodeOptions, Runner
 
@@ -69,6 +69,21 @@ def test_fp64_attention_ignores_key_order_and_masked_keys():
     assert torch.equal(attention_fp64(q, k, v, mask), ref)
     perm = visible[torch.randperm(visible.numel(), generator=torch.Generator().manual_seed(0))]
     assert torch.equal(attention_fp64(q, k[:, perm], v[:, perm], None), ref)
+
+
+def test_fp64_attention_takes_its_mask_precomputed():
+    """The target turns a forward's bool mask into additive_mask once and hands that to every layer."""
+    q, k, v = _qkv(4, 10, h=6, hkv=2, dtype=torch.bfloat16, seed=5)
+    mask = torch.rand(4, 10, generator=torch.Generator().manual_seed(2)) > 0.4
+    mask[:, 0] = True
+    bias = additive_mask(mask, groups=3)
+    assert bias.shape == (12, 10) and bias.dtype == torch.float64
+    assert torch.equal(bias[4:8] == 0, mask) and torch.isneginf(bias[~mask.repeat(3, 1)]).all()
+    assert torch.equal(attention_fp64(q, k, v, bias), attention_fp64(q, k, v, mask))
+    for row in range(4):  # each row as if decoded alone over its visible keys
+        seen = mask[row].nonzero().flatten()
+        alone = attention_fp64(q[:, row:row + 1], k[:, seen], v[:, seen], None)
+        assert torch.equal(attention_fp64(q, k, v, bias)[row:row + 1], alone)
 
 
 @needs_bf16

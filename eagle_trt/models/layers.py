@@ -92,12 +92,23 @@ def attention_fp64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     h, t, d = q.shape
     hkv = k.shape[0]
     g = h // hkv
-    scores = q.double().reshape(hkv, g * t, d) @ k.double().transpose(1, 2)  # [Hkv, G*T, S]
-    scores *= 1.0 / math.sqrt(d)
-    if mask is not None:
-        scores = scores.view(hkv, g, t, -1).masked_fill_(~mask, float("-inf")).view(hkv, g * t, -1)
-    out = torch.softmax(scores, dim=-1) @ v.double()  # [Hkv, G*T, D]
+    qd, kt = q.double().reshape(hkv, g * t, d), k.double().transpose(1, 2)
+    if mask is None:
+        scores = torch.bmm(qd, kt).mul_(1.0 / math.sqrt(d))  # [Hkv, G*T, S]
+    else:
+        # Scale, product and mask in one call: the bias adds 0 (visible) or -inf (hidden).
+        bias = mask if mask.dtype == torch.float64 else additive_mask(mask, g)
+        scores = torch.baddbmm(bias, qd, kt, alpha=1.0 / math.sqrt(d))
+    out = torch.bmm(torch.softmax(scores, dim=-1), v.double())  # [Hkv, G*T, D]
     return out.view(h, t, d).to(q.dtype).transpose(0, 1).reshape(t, h * d)
+
+
+def additive_mask(mask: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    """bool [T, S] (True = visible) -> float64 [groups * T, S] of 0 / -inf, the form `attention_fp64` adds to
+    its scores (rows ordered group-major, as it lays out the query heads sharing a KV head). A forward makes
+    it once and passes it to every layer."""
+    bias = torch.zeros(mask.shape, dtype=torch.float64).masked_fill_(~mask, float("-inf"))
+    return bias.repeat(groups, 1) if groups > 1 else bias
 
 
 def swiglu_mlp(x: torch.Tensor, gate_up, down) -> torch.Tensor:

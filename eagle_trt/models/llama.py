@@ -18,7 +18,7 @@ import torch
 
 from eagle_trt.models.gemm import Projection
 from eagle_trt.models.kv_cache import KVCache
-from eagle_trt.models.layers import Rope, attention, attention_fp64, rms_norm, swiglu_mlp
+from eagle_trt.models.layers import Rope, additive_mask, attention, attention_fp64, rms_norm, swiglu_mlp
 from eagle_trt.models.spec import TargetSpec
 from eagle_trt.models.weights import load_safetensors, read_json, take
 
@@ -144,6 +144,8 @@ class LlamaTarget:
             # [T, end]: prefix fully visible, new tokens by tree (or causal) mask.
             local = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool).tril_()
             mask = torch.cat([torch.ones(t, start, dtype=torch.bool), local], dim=1)
+            if self.attend is attention_fp64:  # its additive form, once for all layers
+                mask = additive_mask(mask, s.num_heads // s.num_kv_heads)
         q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         aux = []
         x = self.embed[tokens]  # [T, hidden]
