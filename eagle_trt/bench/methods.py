@@ -58,7 +58,8 @@ class OursMethod(Method):
             "tree": opts.tree, "draft_length": opts.draft_length, "beam_width": opts.beam_width,
             "total_tokens": opts.total_tokens, "fallback_after": opts.fallback_after,
             "lookup_tokens": opts.lookup_tokens, "lookup_branches": opts.lookup_branches,
-            "datastore_branches": opts.datastore_branches if getattr(runner, "datastore", None) is not None else 0}
+            "datastore_branches": opts.datastore_branches
+            if opts.lookup_tokens > 0 and getattr(runner, "datastore", None) is not None else 0}
 
     def run(self, prompt_ids, max_new_tokens):
         self.opts.max_new_tokens = max_new_tokens
