@@ -116,9 +116,9 @@ def test_build_ships_the_heads_datastore_and_the_session_loads_it(tiny_checkpoin
     assert session.runner.datastore is not None and len(session.runner.datastore) == 7
     assert session.decode_options().datastore_branches == 1  # the config default
     # A datastore for another vocabulary is refused at build time, naming the file.
+    from eagle_trt.config.schema import EagleConfig
+    from eagle_trt.engine.checkpoint import inspect_checkpoint
+
     write_datastore(ckpt / "draft" / DATASTORE_NAME, [[10**6]])
     with pytest.raises(CheckpointError, match=DATASTORE_NAME):
-        from eagle_trt.config.schema import EagleConfig
-        from eagle_trt.engine.checkpoint import inspect_checkpoint
-
         inspect_checkpoint(EagleConfig(checkpoint_dir=str(ckpt), max_input_len=64, max_output_len=128), ckpt)

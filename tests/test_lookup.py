@@ -63,10 +63,16 @@ def test_graft_shares_prefixes_and_keeps_children_distinct():
 
 def test_with_lookup_builds_a_valid_tree():
     tree = tree_from_parents(torch.tensor([10, 11, 12]), torch.tensor([-1, 0, 0]))
-    assert with_lookup(tree, []) is tree and with_lookup(tree, [[11]]) is tree
-    grown = with_lookup(tree, [[11, 30, 31]])
+    for chains in ([], [[11]]):  # nothing new: the same tree object, not a rebuilt one
+        same, boundary = with_lookup(tree, chains)
+        assert same is tree and boundary == 3
+    grown, boundary = with_lookup(tree, [[11, 30, 31]])
+    assert boundary == 5
     assert grown.tokens.tolist() == [10, 11, 12, 30, 31] and grown.depths.tolist() == [0, 1, 1, 2, 3]
     assert grown.mask[4].tolist() == [True, True, False, True, True]  # node 31 sees root, 11, 30, itself
+    # A second group (the datastore's) comes after the first: the boundary counts the first's nodes only.
+    both, boundary = with_lookup(tree, [[11, 30]], [[11, 30, 40], [50]])
+    assert boundary == 4 and both.tokens.tolist() == [10, 11, 12, 30, 40, 50] and both.parents.tolist()[4:] == [3, 0]
 
 
 @pytest.fixture(scope="module")

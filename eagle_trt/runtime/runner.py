@@ -213,14 +213,9 @@ class Runner:
             else:
                 tree = self.drafter.draft_static(root, layout)
             # Node indices: the head's nodes first, then the context's copies, then the datastore's.
-            drafted = tree.tokens.numel()
+            drafted = copied = tree.tokens.numel()
             if index is not None:
-                context, stored = self._lookup_chains(index, opts)
-                tree = with_lookup(tree, context)
-                copied = tree.tokens.numel()
-                tree = with_lookup(tree, stored)
-            else:
-                copied = drafted
+                tree, copied = with_lookup(tree, *self._lookup_chains(index, opts))
             t_verify = time.perf_counter()
             # One target forward over root + tree; node i sits at position n + depth(i).
             hidden, aux = self.target.hidden_states(tree.tokens, tree.positions(n), self.cache, tree.mask,
@@ -284,13 +279,15 @@ class Runner:
             raise InputError(f"prompt token ids must lie in [0, {vocab})")
 
 
-def with_lookup(tree: Tree, chains: list[list[int]]) -> Tree:
-    """The draft tree plus each prompt-lookup chain as one more path from the root (the same tree if they add
-    nothing)."""
-    tokens, parents, added = tree.tokens.tolist(), tree.parents.tolist(), 0
+def with_lookup(tree: Tree, chains: list[list[int]], more: list[list[int]] = ()) -> tuple[Tree, int]:
+    """The draft tree plus each prompt-lookup chain, then each of `more`, as one more path from the root (the
+    same tree if they add nothing), built once. Also returns the node count before `more`'s nodes."""
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
     for chain in chains:
-        tokens, parents, n = graft(tokens, parents, chain)
-        added += n
-    if not added:
-        return tree
-    return tree_from_parents(torch.tensor(tokens), torch.tensor(parents))
+        tokens, parents, _ = graft(tokens, parents, chain)
+    boundary = len(tokens)
+    for chain in more:
+        tokens, parents, _ = graft(tokens, parents, chain)
+    if len(tokens) == tree.tokens.numel():
+        return tree, boundary
+    return tree_from_parents(torch.tensor(tokens), torch.tensor(parents)), boundary

@@ -17,6 +17,8 @@ costs verify rows, never correctness.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 SEPARATOR = -1  # between documents: no n-gram or continuation crosses it
@@ -36,6 +38,7 @@ class Datastore:
 
     def __init__(self, tokens: torch.Tensor, ngrams: tuple[int, ...] = (4, 3, 2), max_hits: int = 128):
         self.tokens = tokens.to(torch.int64).flatten()
+        self._list: list[int] = self.tokens.tolist()  # continuations are read as lists: a few per step
         self.ngrams = tuple(sorted(set(ngrams), reverse=True))
         if not self.ngrams or min(self.ngrams) < 1:
             raise ValueError(f"ngrams must be positive lengths, got {ngrams}")
@@ -73,34 +76,22 @@ class Datastore:
 
     def proposals(self, tail: list[int], max_tokens: int, branches: int) -> list[list[int]]:
         """Up to `branches` continuations of `tail` with distinct first tokens, most frequent first; each
-        follows, token by token, the most common choice among the occurrences that agree with it so far."""
+        follows, token by token, the most common choice among the occurrences that agree with it so far
+        (ties go to the latest occurrence). A chain stops where most of those occurrences end."""
         if max_tokens <= 0 or branches <= 0:
             return []
-        hits = self._hits(tail)
-        if hits.numel() == 0:
-            return []
-        idx = (hits[:, None] + 1 + torch.arange(max_tokens)).clamp(max=self.tokens.numel() - 1)
-        cont = self.tokens[idx]  # [M, L]
-        beyond = (hits[:, None] + 1 + torch.arange(max_tokens)) >= self.tokens.numel()
-        cont = cont.masked_fill(beyond, SEPARATOR)
-        # Cut each row at its first separator.
-        cont = cont.masked_fill((cont == SEPARATOR).to(torch.int64).cummax(1).values.bool(), SEPARATOR)
-        firsts, counts = torch.unique(cont[:, 0], return_counts=True)
+        rows = []
+        for end in reversed(self._hits(tail).tolist()):  # latest first, so ties go to the latest
+            row = self._list[end + 1: end + 1 + max_tokens]
+            rows.append(row[: row.index(SEPARATOR)] if SEPARATOR in row else row)
         out: list[list[int]] = []
-        for first in firsts[counts.argsort(descending=True, stable=True)].tolist():
-            if first == SEPARATOR:
-                continue
-            rows = cont[cont[:, 0] == first]
-            chain = [first]
+        for first, _ in Counter(r[0] for r in rows if r).most_common(branches):
+            group, chain = [r for r in rows if r and r[0] == first], [first]
             for j in range(1, max_tokens):
-                col = rows[:, j]
-                vals, cnt = torch.unique(col, return_counts=True)
-                best = int(vals[cnt.argmax()])
+                best, _ = Counter(r[j] if len(r) > j else SEPARATOR for r in group).most_common(1)[0]
                 if best == SEPARATOR:
                     break
                 chain.append(best)
-                rows = rows[col == best]
+                group = [r for r in group if len(r) > j and r[j] == best]
             out.append(chain)
-            if len(out) == branches:
-                break
         return out
