@@ -7,7 +7,16 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from eagle_trt.bench.tune import Setting, accepted_lengths, candidate_count, candidate_settings, choose, predict_tps
+from eagle_trt.bench.tune import (
+    LOOKUP_OFF,
+    Setting,
+    accepted_lengths,
+    candidate_count,
+    candidate_settings,
+    choose,
+    lookup_grid,
+    predict_tps,
+)
 from eagle_trt.cli.app import app
 
 torch.set_num_threads(1)
@@ -53,6 +62,41 @@ def test_choose_steep_verify_curve_or_no_acceptance_prefers_a_small_tree():
 def test_choose_ties_go_to_the_smaller_tree():
     ranked = choose({Setting(2, 2, 4): 2.0, Setting(2, 2, 3): 2.0}, {1: 5.0, 10: 5.0}, {(2, 2): 1.0}, {1: 0.0})
     assert ranked[0]["total_tokens"] == 3
+
+
+def test_lookup_grid_keeps_off_and_what_fits_the_room():
+    grid = lookup_grid([0, 4, 8], [1, 2], [0, 1], room=16, include=[(12, 1, 0)])
+    assert grid[0] == LOOKUP_OFF and (12, 1, 0) in grid
+    assert (8, 2, 0) in grid and (8, 2, 1) not in grid  # 8 x 3 copies > 16 rows
+    assert all(t * (b + ds) <= 16 for t, b, ds in grid if t and t != 12) and not any(t == 0 for t, _, _ in grid[1:])
+    assert lookup_grid([0], [1, 2], [0, 1], room=64) == [LOOKUP_OFF]
+
+
+def test_choose_charges_lookup_copies_their_verify_rows():
+    """Copies that lift tau win on a flat verify curve and lose where every row costs (compute-bound)."""
+    draft, extend = {(2, 1): 1.0}, {1: 0.1, 4: 0.2}
+    head, copies = Setting(2, 1, 2), Setting(2, 1, 2, 8, 2, 0)
+    taus = {head: 1.5, copies: 2.0}
+    rows, ms = {copies: 12.0}, {(8, 2, 0): 0.5}
+    flat = choose(taus, {1: 10.0, 64: 10.5}, draft, extend, rows, ms)
+    assert flat[0]["lookup_tokens"] == 8 and flat[0]["lookup_rows"] == 12.0 and flat[0]["lookup_ms"] == 0.5
+    assert flat[0]["predicted_tokens_per_second"] == pytest.approx(
+        predict_tps(2.0, 1.0, 0.1 + 0.1 * 1.0 / 3, 10.0 + 0.5 * 14 / 63, 0.5))
+    steep = choose(taus, {1: 10.0, 2: 20.0, 64: 640.0}, draft, extend, rows, ms)
+    assert steep[0]["lookup_tokens"] == 0 and steep[0]["lookup_rows"] == 0
+
+
+def test_walk_follows_the_runtime_path_not_every_position():
+    from eagle_trt.bench.tune import walk
+
+    # Setting 0 accepts 3 at every position; setting 1 accepts 7 at the first position and nothing elsewhere.
+    accepted = torch.tensor([[3, 7], [3, 0], [3, 0], [3, 0], [3, 0], [3, 0], [3, 0], [3, 0], [3, 0], [3, 0]])
+    rows = torch.full((10, 2), 2.0)
+    tokens, steps, added = walk(accepted, rows)
+    # Setting 0: roots 0, 4, 8 -> 3 steps of 4 tokens. Setting 1: root 0 (8 tokens), root 8 (1 token), root 9.
+    assert tokens.tolist() == [12, 10] and steps.tolist() == [3, 3] and added.tolist() == [6, 6]
+    # Averaged over every position, setting 1 would look like 1 + 0.7 = 1.7 tokens a step; its path gives 3.33.
+    assert tokens[1] / steps[1] == pytest.approx(10 / 3)
 
 
 def test_accepted_lengths_replays_greedy_verification():
@@ -130,6 +174,57 @@ def test_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
     assert len(seen) >= 3  # zero, partial and deep acceptance were all compared
 
 
+def test_lookup_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
+    """The copies the replay scores at each verify step's root are the runtime's: same accepted count, same rows,
+    with context copies and a datastore, when the head's own drafts are all wrong."""
+    from eagle_trt.bench.tune import lookup_replay
+    from eagle_trt.runtime.drafter import Candidates
+    from eagle_trt.runtime.session import Session
+    from eagle_trt.speculative.datastore import Datastore
+
+    session = Session.open(engine, verify=False)
+    runner = session.runner
+    ids = session.encode("Hello world, hello world")
+    ar = runner.generate(ids, session.decode_options(mode="ar", max_new_tokens=40, tuned=False)).token_ids
+    seq = ids + ar
+    vocab = runner.target.spec.vocab_size
+    # A datastore holding pieces of the true output (and a decoy), so the copies are right often but not always.
+    store = Datastore(torch.tensor(ar[:12] + [-1] + [(t + 1) % vocab for t in ar] + [-1] + ar[20:]))
+    monkeypatch.setattr(runner, "datastore", store)
+    wrong = vocab - 1  # the head drafts one token nobody continues with (checked below)
+    assert wrong not in seq
+
+    def grow(beam_width, depth, min_score=None):
+        return Candidates(torch.tensor([-0.1]), torch.tensor([-1]), torch.tensor([1]), torch.tensor([wrong]))
+
+    monkeypatch.setattr(runner.drafter, "grow_candidates", grow)
+    lookups = [(6, 1, 0), (4, 2, 1), (8, 1, 2)]
+    seen, discarded = set(), 0
+    for lk in lookups:
+        opts = session.decode_options(tree="dynamic", beam_width=1, draft_length=1, total_tokens=1,
+                                      max_new_tokens=40, fallback_after=0, lookup_tokens=lk[0], lookup_branches=lk[1],
+                                      datastore_branches=lk[2], tuned=False)
+        res = runner.generate(ids, opts)
+        assert res.token_ids == ar
+        # Steps count what they committed: the prefill's token, then accepted + bonus per step (the last one
+        # cut at max_new_tokens), add up to the output.
+        steps = res.metrics.steps
+        discarded += res.metrics.discarded_tokens
+        assert 1 + sum(st.accepted + 1 for st in steps) == len(ar) and res.metrics.fallback_tokens == 0
+        roots, n = [], len(ids)
+        for step in res.metrics.steps:
+            roots.append(n)
+            n += step.accepted + 1
+        keep = [i for i, r in enumerate(roots) if r + lk[0] < len(seq)]
+        replayed = lookup_replay(seq, len(ids), [roots[i] for i in keep], [lk], store)
+        for i in keep:
+            step = res.metrics.steps[i]
+            assert replayed[roots[i]][lk] == (step.accepted, step.lookup_size)
+            seen.add(step.accepted)
+    assert len(seen) >= 3  # misses, partial and long copies were all compared
+    assert discarded  # some final step verified tokens past max_new_tokens, and they were not counted
+
+
 def test_tune_stores_verified_defaults_that_session_and_bench_use(engine, tmp_path):
     from eagle_trt.engine import open_engine
     from eagle_trt.runtime.session import Session
@@ -147,24 +242,31 @@ def test_tune_stores_verified_defaults_that_session_and_bench_use(engine, tmp_pa
     assert val["mismatches"] == [] and val["ar_tokens_per_second"] > 0
     assert finals[:2] == res["ranked"][:2] and res["default"] in finals
     assert best in finals and all(best["measured_tokens_per_second"] >= f["measured_tokens_per_second"] for f in finals)
-    # Each finalist ran with the plain-decoding fallback on (after 2 misses) and off, and with prompt lookup off
-    # and on (the engine's 8 tokens x 2 branches); the fastest variant counts.
-    variants = {f"fallback{f}/lookup{lk}" for f in (2, 0) for lk in ("0x0", "8x2")}
-    assert all(set(f["measured_by_variant"]) == variants for f in finals)
-    assert all(f["fallback_after"] in (2, 0) and (f["lookup_tokens"], f["lookup_branches"]) in ((0, 1), (8, 2))
-               for f in finals)
+    # Lookup settings were ranked with the trees (the build default carries the engine's 8 x 2 copies), the best
+    # setting without lookup also ran, and each finalist ran with the plain-decoding fallback on (after 2 misses)
+    # and off; the fastest variant counts.
+    assert (res["default"]["lookup_tokens"], res["default"]["lookup_branches"]) == (8, 2)
+    assert any(r["lookup_tokens"] == 0 for r in finals)
+    assert {"4x1+0", "8x2+0", "12x4+0"} <= set(res["measured"]["lookup_ms"])  # no datastore: no "+1"
+    assert not any(k.endswith("+1") for k in res["measured"]["lookup_ms"])
+    assert all(r["lookup_rows"] == 0 for r in res["ranked"] if r["lookup_tokens"] == 0)
+    assert all(set(f["measured_by_variant"]) == {"fallback2", "fallback0"} for f in finals)
+    assert all(f["fallback_after"] in (2, 0) for f in finals)
     assert all(abs(f["measured_tokens_per_second"] - max(f["measured_by_variant"].values())) < 1e-3 for f in finals)
     stored = json.loads((engine / "tuned.json").read_text())
     assert stored["measured_tokens_per_second"] == round(best["measured_tokens_per_second"], 3)
-    assert (stored["fallback_after"], stored["lookup_tokens"], stored["lookup_branches"]) == (
-        best["fallback_after"], best["lookup_tokens"], best["lookup_branches"])
-    assert {"1", "16", "65"} <= set(res["measured"]["verify_ms"])  # up to the largest tree + root
+    assert (stored["fallback_after"], stored["lookup_tokens"], stored["lookup_branches"],
+            stored["datastore_branches"]) == (best["fallback_after"], best["lookup_tokens"], best["lookup_branches"],
+                                              best["datastore_branches"])
+    sizes = {int(t) for t in res["measured"]["verify_ms"]}  # up to the largest tree + root + mean copied rows
+    assert {1, 16} <= sizes and max(sizes) > 65
     eng = open_engine(engine, verify=True)  # the manifest lists tuned.json with its hash
     assert "tuned.json" in eng.manifest.files
     session = Session.open(engine)
     opts = session.decode_options()
-    assert (opts.beam_width, opts.draft_length, opts.total_tokens, opts.fallback_after, opts.lookup_tokens) == (
-        best["beam_width"], best["draft_length"], best["total_tokens"], best["fallback_after"], best["lookup_tokens"])
+    assert (opts.beam_width, opts.draft_length, opts.total_tokens, opts.fallback_after, opts.lookup_tokens,
+            opts.lookup_branches) == (best["beam_width"], best["draft_length"], best["total_tokens"],
+                                      best["fallback_after"], best["lookup_tokens"], best["lookup_branches"])
     assert session.decode_options(fallback_after=5).fallback_after == 5
     assert session.decode_options(tuned=False).total_tokens == 32
     assert session.decode_options(total_tokens=40).total_tokens == 40  # explicit options still win
@@ -198,6 +300,11 @@ def test_finalists_are_the_best_predicted_plus_the_default():
     assert finalists(ranked, {"beam_width": 8, "draft_length": 6, "total_tokens": 32}, 1) == [
         Setting(4, 2, 8), Setting(8, 6, 32)]
     assert finalists(ranked, None, 0) == []
+    # The best setting without lookup joins before the default; a lookup setting is its own finalist.
+    lk = {"beam_width": 4, "draft_length": 2, "total_tokens": 8, "lookup_tokens": 8, "lookup_branches": 2,
+          "datastore_branches": 1}
+    assert finalists([lk, *ranked], default, 1, extra=[ranked[0]]) == [Setting(4, 2, 8, 8, 2, 1), Setting(4, 2, 8),
+                                                                       Setting(8, 3, 16)]
 
 
 def test_tune_refuses_to_store_after_a_lossless_failure(tiny_checkpoint, tmp_path, monkeypatch):
@@ -208,9 +315,9 @@ def test_tune_refuses_to_store_after_a_lossless_failure(tiny_checkpoint, tmp_pat
     engine = build_tiny_engine(tiny_checkpoint, tmp_path)
     real = tune_mod.measure_end_to_end
 
-    def broken(session, encoded, max_new_tokens, settings, repeats=2, variants=((2, 0, 1),)):
-        out = real(session, encoded, max_new_tokens, settings, repeats, variants)
-        return {**out, "mismatches": [(settings[0], *variants[0])]}
+    def broken(session, encoded, max_new_tokens, settings, repeats=2, fallbacks=(2,)):
+        out = real(session, encoded, max_new_tokens, settings, repeats, fallbacks)
+        return {**out, "mismatches": [(settings[0], fallbacks[0])]}
 
     monkeypatch.setattr(tune_mod, "measure_end_to_end", broken)
     before = (engine / "manifest.json").read_text()

@@ -29,6 +29,7 @@ REFERENCE = {"chain": ("ar", True), "tree": ("ar", True), "tree-lookup": ("ar", 
              "hf-assisted": ("hf", False), "hf": ("ar", False)}
 PROMPT_LOOKUP_TOKENS = 10
 DEFAULT_LOOKUP = (8, 2)  # (lookup_tokens, lookup_branches) of tree-lookup where the engine's settings turn it off
+# (with the build config's datastore_branches)
 
 
 @dataclass
@@ -133,9 +134,11 @@ def build_methods(session, names: list[str]) -> list[Method]:
             out.append(OursMethod(n, runner, session.decode_options(mode="eagle", tree="dynamic", lookup_tokens=0)))
         elif n == "tree-lookup":
             own = session.decode_options()
-            tokens, branches = (own.lookup_tokens, own.lookup_branches) if own.lookup_tokens else DEFAULT_LOOKUP
-            out.append(OursMethod(n, runner, session.decode_options(mode="eagle", tree="dynamic",
-                                                                    lookup_tokens=tokens, lookup_branches=branches)))
+            lookup = ((own.lookup_tokens, own.lookup_branches, own.datastore_branches) if own.lookup_tokens
+                      else (*DEFAULT_LOOKUP, session.config.datastore_branches))
+            out.append(OursMethod(n, runner, session.decode_options(
+                mode="eagle", tree="dynamic", lookup_tokens=lookup[0], lookup_branches=lookup[1],
+                datastore_branches=lookup[2])))
         elif n == "tree-untuned":
             out.append(OursMethod(n, runner, session.decode_options(mode="eagle", tree="dynamic", tuned=False,
                                                                     lookup_tokens=0)))

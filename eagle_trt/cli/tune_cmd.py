@@ -29,7 +29,9 @@ def tune(
     prompts: Annotated[str, typer.Option(help="Calibration prompts: chat, humaneval or a .jsonl file.")] = "chat",
     limit: Annotated[int, typer.Option(help="Calibration prompts used (round-robin over categories).")] = 6,
     max_new_tokens: Annotated[int, typer.Option(help="AR tokens generated per calibration prompt.")] = 64,
-    positions: Annotated[int, typer.Option(help="Draft positions scored per prompt.")] = 16,
+    positions: Annotated[int, typer.Option(
+        help="Draft positions scored per prompt: 0 = every one, with each setting's steps following the path "
+             "decoding would take (exact tau); N = N evenly spaced ones, averaged (faster, optimistic).")] = 0,
     max_depth: Annotated[int, typer.Option(help="Deepest draft_length considered (at least the engine's).")] = 8,
     beams: Annotated[str, typer.Option(help="Beam widths considered, comma-separated (capped at the "
                                        "engine's max_beam_width, which is always included).")] = "1,2,4,8",
@@ -37,11 +39,13 @@ def tune(
     validate: Annotated[int, typer.Option(help="Best-predicted settings to run end to end (with the build default); "
                                           "the fastest measured one wins. 0 trusts the prediction alone.")] = 3,
     validate_repeats: Annotated[int, typer.Option(help="Repeats of those end-to-end runs (median).")] = 2,
-    lookup_tokens: Annotated[Optional[int], typer.Option(
-        help="Also run each finalist with prompt-lookup branches of this many tokens and store lookup on when "
-             "that is faster (0 = try lookup off only). Default: the engine's lookup_tokens, else 8.")] = None,
-    lookup_branches: Annotated[Optional[int], typer.Option(
-        help="Branches of those lookup runs. Default: the engine's lookup_branches.")] = None,
+    lookup_tokens: Annotated[str, typer.Option(
+        help="Prompt-lookup copy lengths considered, comma-separated, besides lookup off and the engine's own "
+             "setting (0 = consider lookup off only).")] = "4,8,12",
+    lookup_branches: Annotated[str, typer.Option(
+        help="Copies from the context per step considered, comma-separated.")] = "1,2,3,4",
+    datastore_branches: Annotated[str, typer.Option(
+        help="Copies from the engine's datastore per step considered, comma-separated (engines with one).")] = "0,1,2",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the choice without storing it.")] = False,
     top: Annotated[int, typer.Option(help="Rows of the ranking to print.")] = 10,
     json_out: JsonOpt = False,
@@ -49,18 +53,20 @@ def tune(
 ) -> None:
     """Choose total_tokens, draft_length and beam_width for this machine and store them in the engine.
 
-    The ranking maximizes tau / (draft + head update + verify) with every term measured here: the
-    verify-cost curve (target forward time against tree tokens), the draft cost per beam width and
-    depth, and the head's acceptance on calibration prompts. The best few predicted settings and the
-    build default are then decoded end to end on the same prompts (--validate), each with the
-    plain-decoding fallback on and off and with prompt lookup off and on (--lookup-tokens), and the
-    fastest measured variant is stored in ENGINE/tuned.json (listed in manifest.json with its hash);
+    The ranking maximizes tau / (draft + head update + lookup + verify) with every term measured here:
+    the verify-cost curve (target forward time against tree tokens), the draft cost per beam width and
+    depth, and the acceptance on calibration prompts of the head's tree together with the prompt-lookup
+    copies (context and datastore) each lookup setting grafts, and the verify rows those add. The best
+    few predicted settings, the best one without lookup and the build default are then decoded end to
+    end on the same prompts (--validate), each with the plain-decoding fallback on and off, and the
+    fastest measured is stored in ENGINE/tuned.json (listed in manifest.json with its hash);
     `eagle-trt run` and `bench` then use it unless options override it.
 
     Example: eagle-trt tune --engine engines/smollm2-135m-eagle3
     """
     handle_errors(_tune)(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, threads, validate,
-                         validate_repeats, (lookup_tokens, lookup_branches), dry_run, top, json_out, skip_verify)
+                         validate_repeats, (lookup_tokens, lookup_branches, datastore_branches), dry_run, top, json_out,
+                         skip_verify)
 
 
 def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, threads, validate, validate_repeats,
@@ -72,18 +78,23 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
     from eagle_trt.runtime.session import Session
 
     require_engine(engine)
-    for name, value in (("--max-new-tokens", max_new_tokens), ("--positions", positions),
-                        ("--max-depth", max_depth), ("--limit", limit), ("--validate-repeats", validate_repeats)):
+    for name, value in (("--max-new-tokens", max_new_tokens), ("--max-depth", max_depth), ("--limit", limit),
+                        ("--validate-repeats", validate_repeats)):
         if value < 1:
             raise InputError(f"{name} must be >= 1, got {value}")
-    try:
-        beam_list = [int(b) for b in beams.split(",") if b.strip()]
-    except ValueError:
-        raise InputError(f"--beams must be comma-separated integers, got {beams!r}") from None
+    if positions < 0:
+        raise InputError(f"--positions must be >= 0 (0 = every position), got {positions}")
+    beam_list = _int_list("--beams", beams)
     if validate < 0:
         raise InputError(f"--validate must be >= 0, got {validate}")
-    lookup_tokens, lookup_branches = lookup
-    check_lookup(lookup_tokens, lookup_branches)
+    lookup_tokens, lookup_branches, datastore_branches = (_int_list(name, value) for name, value in zip(
+        ("--lookup-tokens", "--lookup-branches", "--datastore-branches"), lookup))
+    for t in lookup_tokens:
+        check_lookup(t, None)
+    for b in lookup_branches:
+        check_lookup(None, b)
+    for b in datastore_branches:
+        check_lookup(None, None, b)
     if not beam_list or min(beam_list) < 1:
         raise InputError(f"--beams must list integers >= 1, got {beams!r}")
     apply_threads(threads)
@@ -101,8 +112,8 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
 
     result = tune_engine(session, encoded, max_new_tokens, positions, max_depth, beam_list, progress=progress,
                          validate=validate, validate_repeats=validate_repeats,
-                         lookup_tokens=cfg.lookup_tokens or 8 if lookup_tokens is None else lookup_tokens,
-                         lookup_branches=cfg.lookup_branches if lookup_branches is None else lookup_branches)
+                         lookup_tokens=lookup_tokens, lookup_branches=lookup_branches,
+                         datastore_branches=datastore_branches)
     best, default, validation = result["best"], result["default"], result["validation"]
     if validation and validation["mismatches"]:
         # A speculative output differed from plain decoding: never store settings from a broken run.
@@ -122,8 +133,8 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
         return
     table = Table(title="eagle-trt tune: predicted tokens/s (best first)", title_justify="left")
     table.add_column("", no_wrap=True)
-    for col in ("beam", "depth", "total", "τ", "draft ms", "update ms", "verify ms", "tok/s", "measured τ",
-                "measured tok/s"):
+    for col in ("beam", "depth", "total", "lookup", "rows", "τ", "draft ms", "update ms", "verify ms", "tok/s",
+                "measured τ", "measured tok/s"):
         table.add_column(col, justify="right")
     rows = result["ranked"][:top]
     for r in [default] + (validation["finalists"] if validation else []):
@@ -132,11 +143,12 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
     for r in rows:
         mark = "best" if r is best else ("build default" if r is default else "")
         measured = "measured_tokens_per_second" in r
-        table.add_row(mark, str(r["beam_width"]), str(r["draft_length"]), str(r["total_tokens"]), f"{r['tau']:.2f}",
+        table.add_row(mark, str(r["beam_width"]), str(r["draft_length"]), str(r["total_tokens"]), _lookup_label(r),
+                      f"{r['total_tokens'] + 1 + r['lookup_rows']:.1f}", f"{r['tau']:.2f}",
                       f"{r['draft_ms']:.1f}", f"{r['extend_ms']:.1f}", f"{r['verify_ms']:.1f}",
                       f"{r['predicted_tokens_per_second']:.1f}", f"{r['measured_tau']:.2f}" if measured else "",
                       f"{r['measured_tokens_per_second']:.1f}" if measured else "")
-    print_wide(table)  # eleven columns: keep them whole in logs too
+    print_wide(table)  # thirteen columns: keep them whole in logs too
     m = result["measured"]
     console.print(f"measured on {m['positions']} positions of {m['prompts']} prompts, {m['threads']} threads, "
                   f"in {m['seconds']:.0f}s; plain AR predicted {result['ar_predicted_tokens_per_second']:.1f} tok/s",
@@ -148,6 +160,7 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
         line = (f"best: beam_width={best['beam_width']} draft_length={best['draft_length']} "
                 f"total_tokens={best['total_tokens']} fallback_after={best['fallback_after']} "
                 f"lookup_tokens={best['lookup_tokens']} lookup_branches={best['lookup_branches']} "
+                f"datastore_branches={best['datastore_branches']} "
                 f"({best['measured_tokens_per_second']:.1f} tok/s measured, "
                 f"{best['measured_tokens_per_second'] / validation['ar_tokens_per_second']:.2f}x AR")
         if default:
@@ -156,7 +169,8 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
             line += ")"
     else:
         line = (f"best: beam_width={best['beam_width']} draft_length={best['draft_length']} "
-                f"total_tokens={best['total_tokens']} ({best['predicted_tokens_per_second']:.1f} tok/s predicted")
+                f"total_tokens={best['total_tokens']} lookup {_lookup_label(best)} "
+                f"({best['predicted_tokens_per_second']:.1f} tok/s predicted")
         line += f", build default {default['predicted_tokens_per_second']:.1f})" if default else ")"
     console.print(line, soft_wrap=True)
     if validation and validation["ar_tokens_per_second"] > best["measured_tokens_per_second"]:
@@ -167,3 +181,17 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
                       f"predicted) beats every tree setting with this head (τ {best['tau']:.2f}); train the head, "
                       "or run with --mode ar")
     console.print(f"stored in {stored}" if stored else "dry run: nothing stored")
+
+
+def _int_list(name: str, text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise InputError(f"{name} must be comma-separated integers, got {text!r}") from None
+
+
+def _lookup_label(row: dict) -> str:
+    """Lookup setting as copy length x context branches + datastore branches ("off" when lookup is off)."""
+    if not row["lookup_tokens"]:
+        return "off"
+    return f"{row['lookup_tokens']}x{row['lookup_branches']}+{row['datastore_branches']}"

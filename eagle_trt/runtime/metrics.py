@@ -32,6 +32,18 @@ class GenerationMetrics:
     rejections: int = 0  # sampled draft tokens rejected (T > 0 or typical acceptance)
     fallbacks: int = 0  # times the loop switched to plain decoding after repeated misses
     fallback_tokens: int = 0  # tokens produced by those plain-decoding stretches
+    discarded_tokens: int = 0  # tokens the last verify step accepted past the stop (EOS or max_new_tokens)
+
+    def discard(self, n: int) -> None:
+        """The last step's final n tokens fell past the stop and were not emitted: count only what it committed,
+        so tau is committed tokens per verify step."""
+        if n <= 0 or not self.steps:
+            return
+        step = self.steps[-1]
+        step.accepted = max(step.accepted - n, 0)
+        step.lookup_accepted = min(step.lookup_accepted, step.accepted)
+        step.datastore_accepted = min(step.datastore_accepted, step.lookup_accepted)
+        self.discarded_tokens += n
 
     @property
     def verify_steps(self) -> int:
@@ -92,6 +104,7 @@ class GenerationMetrics:
             "rejections": self.rejections,
             "fallbacks": self.fallbacks,
             "fallback_tokens": self.fallback_tokens,
+            "discarded_tokens": self.discarded_tokens,
             "lookup_tokens_verified": sum(s.lookup_size for s in self.steps),
             "lookup_tokens_accepted": sum(s.lookup_accepted for s in self.steps),
             "datastore_tokens_verified": sum(s.datastore_size for s in self.steps),

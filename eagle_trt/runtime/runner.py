@@ -23,7 +23,7 @@ from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.runtime.drafter import Drafter
 from eagle_trt.runtime.metrics import GenerationMetrics, StepRecord
 from eagle_trt.speculative.datastore import Datastore
-from eagle_trt.speculative.lookup import NgramIndex, graft
+from eagle_trt.speculative.lookup import NgramIndex, copied_chains, graft
 from eagle_trt.speculative.sampling import SamplingParams, processed_probs, sample
 from eagle_trt.speculative.tree import (DEFAULT_STATIC_TREE, Tree, chain_choices, static_layout, tree_from_parents,
                                         trim_choices)
@@ -114,6 +114,7 @@ class Runner:
                 out.append(tok)
                 if tok in eos or len(out) >= opts.max_new_tokens:
                     metrics.stop_reason = "eos" if tok in eos else "length"
+                    metrics.discard(len(tokens) - i - 1)  # a verify step's tokens past the stop
                     tokens = tokens[: i + 1]
                     break
             if on_tokens is not None:
@@ -256,12 +257,8 @@ class Runner:
 
     def _lookup_chains(self, index: NgramIndex, opts: DecodeOptions) -> tuple[list[list[int]], list[list[int]]]:
         """Copied continuations: the context's, and the datastore's that differ from those."""
-        chains = index.proposals(opts.lookup_tokens, opts.lookup_branches)
-        if self.datastore is None or opts.datastore_branches <= 0:
-            return chains, []
-        extra = self.datastore.proposals(index.tokens[-max(self.datastore.ngrams):], opts.lookup_tokens,
-                                         opts.datastore_branches + len(chains))
-        return chains, [c for c in extra if c not in chains][: opts.datastore_branches]
+        return copied_chains(index, self.datastore, opts.lookup_tokens, opts.lookup_branches,
+                             opts.datastore_branches)
 
     def _check_prompt(self, prompt_ids: list[int], opts: DecodeOptions) -> None:
         if not prompt_ids:

@@ -115,9 +115,9 @@ class Session:
 
 TUNED_NAME = "tuned.json"
 TUNED_KEYS = ("tree", "draft_length", "beam_width", "total_tokens", "fallback_after", "lookup_tokens",
-              "lookup_branches")
+              "lookup_branches", "datastore_branches")
 _TUNED_MIN = {"draft_length": 1, "beam_width": 1, "total_tokens": 1, "fallback_after": 0, "lookup_tokens": 0,
-              "lookup_branches": 1}
+              "lookup_branches": 1, "datastore_branches": 0}
 
 
 def read_tuned(root: str | Path, manifest) -> dict:

@@ -59,6 +59,32 @@ class NgramIndex:
         return out
 
 
+def copied_chains(index: NgramIndex, datastore, tokens: int, branches: int,
+                  datastore_branches: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The copies one verify step grafts: up to `branches` continuations from the context (`index`), then up
+    to `datastore_branches` more from `datastore` (a `Datastore` or None) that differ from those."""
+    chains = index.proposals(tokens, branches)
+    if datastore is None or datastore_branches <= 0 or tokens <= 0:
+        return chains, []
+    extra = datastore.proposals(index.tokens[-max(datastore.ngrams):], tokens, datastore_branches + len(chains))
+    return chains, [c for c in extra if c not in chains][:datastore_branches]
+
+
+def trie_size(chains: list[list[int]]) -> int:
+    """Nodes the chains add below an empty root: their distinct prefixes."""
+    return len({tuple(c[:i]) for c in chains for i in range(1, len(c) + 1)})
+
+
+def matched(chain: list[int], continuation: list[int]) -> int:
+    """How many leading tokens of `chain` equal the continuation's (what greedy verification accepts)."""
+    n = 0
+    for a, b in zip(chain, continuation):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
 def graft(tokens: list[int], parents: list[int], chain: list[int]) -> tuple[list[int], list[int], int]:
     """Add `chain` as a path below the root (node 0) of a tree given by tokens/parents (root first, every
     parent before its children). Where the tree already has the chain's next token as a child, the path
