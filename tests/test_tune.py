@@ -89,13 +89,14 @@ def test_choose_charges_lookup_copies_their_verify_rows():
 def test_walk_follows_the_runtime_path_not_every_position():
     from eagle_trt.bench.tune import walk
 
-    # Setting 0 accepts 3 at every position; setting 1 accepts 7 at the first position and nothing elsewhere.
-    accepted = torch.tensor([[3, 7], [3, 0], [3, 0], [3, 0], [3, 0], [3, 0], [3, 0], [3, 0], [3, 0], [3, 0]])
+    # Setting 0 accepts 3 wherever 3 tokens are left; setting 1 accepts 7 at the first position, nothing elsewhere.
+    accepted = torch.tensor([[3, 7], [3, 0], [3, 0], [3, 0], [3, 0], [3, 0], [3, 0], [3, 0], [2, 0], [1, 0]])
     rows = torch.full((10, 2), 2.0)
     tokens, steps, added = walk(accepted, rows)
-    # Setting 0: roots 0, 4, 8 -> 3 steps of 4 tokens. Setting 1: root 0 (8 tokens), root 8 (1 token), root 9.
-    assert tokens.tolist() == [12, 10] and steps.tolist() == [3, 3] and added.tolist() == [6, 6]
-    # Averaged over every position, setting 1 would look like 1 + 0.7 = 1.7 tokens a step; its path gives 3.33.
+    # Setting 0: roots 0, 4, 8 (4 + 4 + the 2 tokens left). Setting 1: root 0 (8 tokens), root 8, root 9.
+    assert tokens.tolist() == [10, 10] and steps.tolist() == [3, 3] and added.tolist() == [6, 6]
+    # Every path commits exactly the output; averaged over every position, setting 1 would look like
+    # 1 + 0.7 = 1.7 tokens a step, its path gives 3.33.
     assert tokens[1] / steps[1] == pytest.approx(10 / 3)
 
 
@@ -169,7 +170,9 @@ def test_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
         keep = [i for i, r in enumerate(roots) if r + st.draft_length < len(ids) + len(ar)]
         per_root, _ = replay(session, ids + ar, [roots[i] for i in keep], [st])
         accepted = [res.metrics.steps[i].accepted for i in keep]
-        assert [per_root[roots[i]][st] for i in keep] == accepted
+        # (a step that reaches the end of the output commits only what is left: its bonus token is not emitted)
+        end = len(ids) + len(ar) - 2
+        assert [min(per_root[roots[i]][st], end - roots[i]) for i in keep] == accepted
         seen.update(accepted)
     assert len(seen) >= 3  # zero, partial and deep acceptance were all compared
 
@@ -177,7 +180,7 @@ def test_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
 def test_lookup_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
     """The copies the replay scores at each verify step's root are the runtime's: same accepted count, same rows,
     with context copies and a datastore, when the head's own drafts are all wrong."""
-    from eagle_trt.bench.tune import lookup_replay
+    from eagle_trt.bench.tune import calibrate, lookup_replay
     from eagle_trt.runtime.drafter import Candidates
     from eagle_trt.runtime.session import Session
     from eagle_trt.speculative.datastore import Datastore
@@ -219,8 +222,13 @@ def test_lookup_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
         replayed = lookup_replay(seq, len(ids), [roots[i] for i in keep], [lk], store)
         for i in keep:
             step = res.metrics.steps[i]
-            assert replayed[roots[i]][lk] == (step.accepted, step.lookup_size)
+            copied, rows = replayed[roots[i]][lk]
+            assert (min(copied, len(seq) - 2 - roots[i]), rows) == (step.accepted, step.lookup_size)
             seen.add(step.accepted)
+        # The whole calibration (replay at every position, then the walk) gives this run's tau and rows exactly.
+        taus, rows, _ = calibrate(session, [ids], 40, 0, [Setting(1, 1, 1)], [lk])
+        assert taus[Setting(1, 1, 1, *lk)] == pytest.approx(res.metrics.acceptance_length)
+        assert rows[Setting(1, 1, 1, *lk)] == pytest.approx(sum(st.lookup_size for st in steps) / len(steps))
     assert len(seen) >= 3  # misses, partial and long copies were all compared
     assert discarded  # some final step verified tokens past max_new_tokens, and they were not counted
 

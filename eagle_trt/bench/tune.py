@@ -231,10 +231,12 @@ def lookup_replay(seq: list[int], prompt_len: int, roots: list[int], grid: list[
 def walk(accepted: torch.Tensor, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The runtime's own path through one sequence, for many settings at once.
 
-    accepted[r, c]: draft tokens setting c gets accepted with its root at the r-th position (positions
-    consecutive); rows[r, c]: verify rows it adds there (optional). A step at root r commits accepted + 1
-    tokens (the bonus token is the next root), so the next step's root is r + accepted + 1. Returns per
-    setting (tokens committed, steps, rows summed over the steps) until the root passes the last position.
+    accepted[r, c]: draft tokens setting c gets accepted with its root at the r-th of R consecutive positions,
+    the last R tokens but one of the output (acceptance at r capped at the R - r tokens left); rows[r, c]:
+    verify rows it adds there (optional). A step at root r commits accepted + 1 tokens (the bonus token is the
+    next root), so the next step's root is r + accepted + 1; a step that reaches the output's end commits
+    only what is left, as decoding stops there. Returns per setting (tokens committed, steps, rows summed
+    over the steps).
 
     Averaging acceptance over every position instead would over-weight runs of easy tokens (a copied
     stretch of 8 is crossed in one step but holds 8 positions), which is exactly where prompt lookup shines."""
@@ -248,7 +250,7 @@ def walk(accepted: torch.Tensor, rows: torch.Tensor | None = None) -> tuple[torc
     while bool(alive.any()):
         here = at.clamp(max=count - 1)
         a = accepted[here, cols]
-        tokens += torch.where(alive, a + 1, 0)
+        tokens += torch.where(alive, torch.minimum(a + 1, count - at), 0)  # the last step stops at the end
         steps += alive
         if rows is not None:
             added += torch.where(alive, rows[here, cols], 0)
@@ -277,14 +279,14 @@ def calibrate(session, encoded: list[list[int]], max_new_tokens: int, positions:
     for i, ids in enumerate(encoded):
         ar = runner.generate(ids, session.decode_options(mode="ar", max_new_tokens=max_new_tokens, tuned=False))
         seq = list(ids) + ar.token_ids
-        last = len(seq) - 1 - ahead  # the last root with a full continuation behind it
-        if last < len(ids):
-            continue
         if positions > 0:
+            last = len(seq) - 1 - ahead  # the last root with a full continuation behind it
             roots = sorted({round(len(ids) + j * (last - len(ids)) / max(positions - 1, 1))
-                            for j in range(positions)})
+                            for j in range(positions)}) if last >= len(ids) else []
         else:
-            roots = list(range(len(ids), last + 1))
+            roots = list(range(len(ids), len(seq) - 1))  # every root decoding can have, to the end
+        if not roots:
+            continue
         per_root, state = replay(session, seq, roots, settings)  # the last prompt's state stays usable
         state["prompt_len"] = len(ids)
         copies = lookup_replay(seq, len(ids), roots, grid, getattr(runner, "datastore", None))
