@@ -7,16 +7,16 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from eagle_trt.bench.tune import (
+from eagle_trt.bench.tune_choice import (
     LOOKUP_OFF,
     Setting,
-    accepted_lengths,
     candidate_count,
     candidate_settings,
     choose,
     lookup_grid,
     predict_tps,
 )
+from eagle_trt.bench.tune_replay import accepted_lengths
 from eagle_trt.cli.app import app
 
 torch.set_num_threads(1)
@@ -87,7 +87,7 @@ def test_choose_charges_lookup_copies_their_verify_rows():
 
 
 def test_walk_follows_the_runtime_path_not_every_position():
-    from eagle_trt.bench.tune import walk
+    from eagle_trt.bench.tune_choice import walk
 
     # Setting 0 accepts 3 wherever 3 tokens are left; setting 1 accepts 7 at the first position, nothing elsewhere.
     accepted = torch.tensor([[3, 7], [3, 0], [3, 0], [3, 0], [3, 0], [3, 0], [3, 0], [3, 0], [2, 0], [1, 0]])
@@ -148,7 +148,7 @@ def _oracle_candidates(drafter, seq):
 
 def test_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
     """The replayed acceptance at each verify step's root equals what the decode loop accepted there."""
-    from eagle_trt.bench.tune import replay
+    from eagle_trt.bench.tune_replay import replay
     from eagle_trt.runtime.session import Session
 
     session = Session.open(engine, verify=False)
@@ -180,7 +180,7 @@ def test_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
 def test_lookup_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
     """The copies the replay scores at each verify step's root are the runtime's: same accepted count, same rows,
     with context copies and a datastore, when the head's own drafts are all wrong."""
-    from eagle_trt.bench.tune import calibrate, lookup_replay
+    from eagle_trt.bench.tune_replay import calibrate, lookup_replay
     from eagle_trt.runtime.drafter import Candidates
     from eagle_trt.runtime.session import Session
     from eagle_trt.speculative.datastore import Datastore
@@ -300,7 +300,7 @@ def test_tune_stores_verified_defaults_that_session_and_bench_use(engine, tmp_pa
 
 
 def test_finalists_are_the_best_predicted_plus_the_default():
-    from eagle_trt.bench.tune import finalists
+    from eagle_trt.bench.tune_choice import finalists
 
     ranked = [{"beam_width": b, "draft_length": d, "total_tokens": n} for b, d, n in ((4, 2, 8), (8, 3, 16), (2, 2, 4))]
     default = {"beam_width": 8, "draft_length": 3, "total_tokens": 16}

@@ -26,296 +26,32 @@ best one without lookup and the build default are then *run* on the calibration 
 fallback on and off, interleaved over repeats (`measure_end_to_end`), and the fastest measured wins.
 The same runs check every speculative output against plain AR decoding.
 
-The choice (`choose`) is a pure function of those measurements and is unit-tested on synthetic curves;
-`store_tuned` writes tuned.json into the engine and re-lists it in manifest.json with its sha256.
+Split by concept: `tune_choice` (settings, walk, ranking: pure), `tune_replay` (acceptance by replay),
+`tune_store` (tuned.json into the engine, re-listed in manifest.json with its sha256); this module measures
+the costs, runs the finalists end to end and ties it together.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
 from typing import Callable
 
 import torch
 
 from eagle_trt.bench.stats import interpolate, median_seconds
-
-TOTALS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
-
-
-LOOKUP_OFF = (0, 1, 0)  # (lookup_tokens, lookup_branches, datastore_branches) with prompt lookup off
-
-
-@dataclass(frozen=True, order=True)
-class Setting:
-    beam_width: int
-    draft_length: int
-    total_tokens: int
-    lookup_tokens: int = 0  # copies of up to this many tokens grafted on the tree (0 = prompt lookup off)
-    lookup_branches: int = 1  # from the context
-    datastore_branches: int = 0  # from the datastore
-
-    @property
-    def tree(self) -> "Setting":
-        """The head's part alone (lookup off)."""
-        return Setting(self.beam_width, self.draft_length, self.total_tokens)
-
-    @property
-    def lookup(self) -> tuple[int, int, int]:
-        return (self.lookup_tokens, self.lookup_branches, self.datastore_branches) if self.lookup_tokens else LOOKUP_OFF
-
-    def plus(self, lookup: tuple[int, int, int]) -> "Setting":
-        return Setting(self.beam_width, self.draft_length, self.total_tokens, *lookup)
-
-
-def lookup_grid(tokens: list[int], branches: list[int], datastore: list[int], room: int,
-                include: list[tuple[int, int, int]] = ()) -> list[tuple[int, int, int]]:
-    """Every (lookup_tokens, lookup_branches, datastore_branches) worth scoring: lookup off, and each
-    combination with tokens > 0 whose copies fit `room` verify rows; plus `include`."""
-    out = {LOOKUP_OFF, *include}
-    for t in tokens:
-        for b in branches:
-            for ds in datastore:
-                if t > 0 and b >= 1 and ds >= 0 and t * (b + ds) <= room:
-                    out.add((t, b, ds))
-    return sorted(out)
-
-
-def candidate_count(k: int, d: int) -> int:
-    """Draft candidates a dynamic tree of beam k and depth d creates (k at depth 1, k*k per later level)."""
-    return k + (d - 1) * k * k
-
-
-def candidate_settings(beams: list[int], max_depth: int, room: int, totals=TOTALS,
-                       include: list[Setting] = ()) -> list[Setting]:
-    """Every (k, d, N) worth scoring: d <= N <= min(candidates, room), k*d <= room; plus `include`."""
-    out = set(include)
-    for k in beams:
-        for d in range(1, max_depth + 1):
-            if k * d > room:
-                continue
-            top = min(candidate_count(k, d), room)
-            for n in {d, *totals}:
-                if d <= n <= top:
-                    out.add(Setting(k, d, n))
-    return sorted(out)
-
-
-def predict_tps(tau: float, draft_ms: float, extend_ms: float, verify_ms: float, lookup_ms: float = 0.0) -> float:
-    step = draft_ms + extend_ms + verify_ms + lookup_ms
-    return 1e3 * tau / step if step > 0 else 0.0
-
-
-def choose(taus: dict[Setting, float], verify_ms: dict[int, float], draft_ms: dict[tuple[int, int], float],
-           extend_ms: dict[int, float], lookup_rows: dict[Setting, float] | None = None,
-           lookup_ms: dict[tuple, float] | None = None) -> list[dict]:
-    """Rank settings by predicted tokens/s (best first; ties go to the smaller tree, then to less lookup).
-
-    taus: measured tau per setting; verify_ms: forward ms per token count (root included);
-    draft_ms: tree-growing ms per (beam width, depth); extend_ms: head-update ms per accepted count;
-    lookup_rows: mean verify rows a setting's copies add per step; lookup_ms: ms to find and graft the copies
-    of a lookup setting (both 0 with lookup off)."""
-    ranked = []
-    for s, tau in taus.items():
-        if (s.beam_width, s.draft_length) not in draft_ms:
-            continue
-        rows = (lookup_rows or {}).get(s, 0.0) if s.lookup_tokens else 0.0
-        lk = (lookup_ms or {}).get(s.lookup, 0.0) if s.lookup_tokens else 0.0
-        v = interpolate(verify_ms, s.total_tokens + 1 + rows)
-        e = interpolate(extend_ms, tau)
-        d = draft_ms[(s.beam_width, s.draft_length)]
-        ranked.append({**asdict(s), "tau": tau, "draft_ms": d, "extend_ms": e, "verify_ms": v, "lookup_rows": rows,
-                       "lookup_ms": lk, "predicted_tokens_per_second": predict_tps(tau, d, e, v, lk)})
-    ranked.sort(key=lambda r: (-r["predicted_tokens_per_second"], r["total_tokens"], r["beam_width"],
-                               r["draft_length"], r["lookup_tokens"], r["lookup_branches"], r["datastore_branches"]))
-    return ranked
-
-
-# ---- measurement ---------------------------------------------------------------------------------
-
-def _candidates(drafter, k: int, depth: int):
-    """The full dynamic tree's candidates (no size cut): (scores, parents, depths, tokens) in creation order."""
-    c = drafter.grow_candidates(k, depth)
-    return c.scores, c.parents, c.depths, c.tokens
-
-
-def accepted_lengths(scores, parents, depths, tokens, continuation: list[int], settings) -> dict:
-    """Draft tokens greedy verification accepts for each (d, N) in settings, given the true continuation."""
-    from eagle_trt.speculative.tree import select_top_nodes
-
-    n = scores.numel()
-    good = torch.zeros(n, dtype=torch.bool)  # the whole root..candidate path matches the continuation
-    dep, par, tok = depths.tolist(), parents.tolist(), tokens.tolist()
-    for c in range(n):
-        if dep[c] <= len(continuation) and tok[c] == continuation[dep[c] - 1]:
-            good[c] = par[c] < 0 or bool(good[par[c]])
-    upto = {}
-    for d in sorted({d for d, _ in settings}):
-        upto[d] = sum(1 for x in dep if x <= d)  # levels are created in order: a prefix of the list
-    out = {}
-    for d, total in settings:
-        m = upto[d]
-        kept, _ = select_top_nodes(scores[:m], parents[:m], depths[:m], total)
-        hit = kept[good[kept]]
-        out[(d, total)] = int(depths[hit].max()) if hit.numel() else 0
-    return out
-
-
-def replay(session, seq: list[int], roots: list[int], settings: list[Setting]) -> tuple[dict, dict]:
-    """Accepted draft tokens per root position and setting, for the token sequence `seq` whose part after
-    the prompt is the target's own greedy output. Returns ({root: {Setting: accepted}}, drafter state)."""
-    runner = session.runner
-    target, drafter, head = runner.target, runner.drafter, runner.drafter.head
-    by_beam: dict[int, set] = {}
-    for s in settings:
-        by_beam.setdefault(s.beam_width, set()).add((s.draft_length, s.total_tokens))
-    length = len(seq)
-    with torch.inference_mode():
-        runner.cache.length = 0
-        _, aux = target.forward(torch.tensor(seq), torch.arange(length), runner.cache, need_aux=True,
-                                logits_rows=torch.tensor([length - 1]))
-        # The head over the whole sequence at once, as `Drafter.extend` would feed it piece by piece:
-        # draft position t reads (feature t, token t+1).
-        drafter.reset()
-        t = length - 1
-        mask = torch.ones(t, t, dtype=torch.bool).tril_()
-        logits, hidden = head.forward(head.fuse(aux[:t]), torch.tensor(seq[1:]), torch.arange(t), drafter.cache, 0,
-                                      mask)
-    out = {}
-    # Descending roots: growing a tree at root n overwrites head cache slots >= n only, which smaller
-    # roots never read.
-    for n in sorted(set(roots), reverse=True):
-        drafter.cache.length = n
-        drafter.last_logits, drafter.last_hidden = logits[n - 1], hidden[n - 1]
-        res = {}
-        for k, pairs in by_beam.items():
-            depth = max(d for d, _ in pairs)
-            cand = _candidates(drafter, k, depth)
-            for (d, total), acc in accepted_lengths(*cand, seq[n + 1: n + 1 + depth], pairs).items():
-                res[Setting(k, d, total)] = acc
-        out[n] = res
-    state = {"seq": seq, "aux": aux, "logits": logits, "hidden": hidden, "root": min(roots)}
-    return out, state
-
-
-def lookup_replay(seq: list[int], prompt_len: int, roots: list[int], grid: list[tuple[int, int, int]],
-                  datastore=None) -> dict[int, dict[tuple[int, int, int], tuple[int, int]]]:
-    """For each root position and lookup setting of `grid`: (tokens the copies get accepted, verify rows they
-    add) when the runtime grafts them there. The copies are the runtime's own (`copied_chains` over the
-    context seq[:root + 1] and `datastore`); rows count the copies' distinct prefixes, not the nodes they may
-    share with the head's tree (an upper bound of one or two rows)."""
-    from eagle_trt.speculative.lookup import NgramIndex, copied_chains, matched, trie_size
-
-    index = NgramIndex()
-    index.extend(seq[:prompt_len])
-    out = {}
-    for n in sorted(set(roots)):
-        index.extend(seq[len(index.tokens): n + 1])
-        continuation = seq[n + 1:]
-        res = {}
-        for lk in grid:
-            if lk[0] <= 0:
-                res[lk] = (0, 0)
-                continue
-            chains, more = copied_chains(index, datastore, *lk)
-            res[lk] = (max((matched(c, continuation) for c in chains + more), default=0), trie_size(chains + more))
-        out[n] = res
-    return out
-
-
-def walk(accepted: torch.Tensor, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The runtime's own path through one sequence, for many settings at once.
-
-    accepted[r, c]: draft tokens setting c gets accepted with its root at the r-th of R consecutive positions,
-    the last R tokens but one of the output (acceptance at r capped at the R - r tokens left); rows[r, c]:
-    verify rows it adds there (optional). A step at root r commits accepted + 1 tokens (the bonus token is the
-    next root), so the next step's root is r + accepted + 1; a step that reaches the output's end commits
-    only what is left, as decoding stops there. Returns per setting (tokens committed, steps, rows summed
-    over the steps).
-
-    Averaging acceptance over every position instead would over-weight runs of easy tokens (a copied
-    stretch of 8 is crossed in one step but holds 8 positions), which is exactly where prompt lookup shines."""
-    count, settings = accepted.shape
-    at = torch.zeros(settings, dtype=torch.long)
-    cols = torch.arange(settings)
-    tokens = torch.zeros(settings, dtype=torch.float64)
-    steps = torch.zeros(settings, dtype=torch.float64)
-    added = torch.zeros(settings, dtype=torch.float64)
-    alive = torch.ones(settings, dtype=torch.bool)
-    while bool(alive.any()):
-        here = at.clamp(max=count - 1)
-        a = accepted[here, cols]
-        tokens += torch.where(alive, torch.minimum(a + 1, count - at), 0)  # the last step stops at the end
-        steps += alive
-        if rows is not None:
-            added += torch.where(alive, rows[here, cols], 0)
-        at = at + a + 1
-        alive &= at < count
-    return tokens, steps, added
-
-
-def calibrate(session, encoded: list[list[int]], max_new_tokens: int, positions: int, settings: list[Setting],
-              grid: list[tuple[int, int, int]] = (LOOKUP_OFF,), progress: Callable[[str], None] | None = None
-              ) -> tuple[dict[Setting, float], dict[Setting, float], dict]:
-    """Measured tau per head setting x lookup setting (`grid`) by replay over the calibration prompts, the mean
-    verify rows the copies add per step, and one drafter state (prefix length, root, sequence) for the timing
-    measurements.
-
-    positions <= 0: every position is replayed and each setting's steps follow the runtime's own path (`walk`),
-    so tau is what decoding those prompts would measure. positions > 0: that many evenly spaced positions per
-    prompt, averaged (faster; optimistic where acceptance comes in runs)."""
-    runner = session.runner
-    grid = list(dict.fromkeys([LOOKUP_OFF, *grid]))
-    max_depth = max(s.draft_length for s in settings)
-    ahead = max(max_depth, *(lk[0] for lk in grid))
-    shape = (len(settings), len(grid))
-    tokens, steps, added = (torch.zeros(shape, dtype=torch.float64) for _ in range(3))
-    state, count = None, 0
-    for i, ids in enumerate(encoded):
-        ar = runner.generate(ids, session.decode_options(mode="ar", max_new_tokens=max_new_tokens, tuned=False))
-        seq = list(ids) + ar.token_ids
-        if positions > 0:
-            last = len(seq) - 1 - ahead  # the last root with a full continuation behind it
-            roots = sorted({round(len(ids) + j * (last - len(ids)) / max(positions - 1, 1))
-                            for j in range(positions)}) if last >= len(ids) else []
-        else:
-            roots = list(range(len(ids), len(seq) - 1))  # every root decoding can have, to the end
-        if not roots:
-            continue
-        per_root, state = replay(session, seq, roots, settings)  # the last prompt's state stays usable
-        state["prompt_len"] = len(ids)
-        copies = lookup_replay(seq, len(ids), roots, grid, getattr(runner, "datastore", None))
-        head = torch.tensor([[per_root[n][s] for s in settings] for n in roots])
-        copied = torch.tensor([[copies[n][lk][0] for lk in grid] for n in roots])
-        rows = torch.tensor([[copies[n][lk][1] for lk in grid] for n in roots], dtype=torch.float64)
-        # A step accepts the longer of the head's path and the best copy (both are paths of the one tree).
-        accepted = torch.maximum(head[:, :, None], copied[:, None, :])  # [roots, settings, grid]
-        rows = rows[:, None, :].expand_as(accepted)
-        if positions > 0:
-            tokens += (accepted + 1).sum(0)
-            steps += len(roots)
-            added += rows.sum(0)
-        else:
-            t, n, r = walk(accepted.reshape(len(roots), -1), rows.reshape(len(roots), -1))
-            tokens += t.view(shape)
-            steps += n.view(shape)
-            added += r.view(shape)
-        count += len(roots)
-        if progress:
-            progress(f"calibration prompt {i + 1}/{len(encoded)}: {len(roots)} positions")
-    if count == 0:
-        from eagle_trt.errors import InputError
-
-        raise InputError("no calibration position: the prompts' AR outputs are shorter than the tree depth",
-                         hint="raise --max-new-tokens or lower --max-depth")
-    taus = {s.plus(lk): float(tokens[i, j] / steps[i, j]) for i, s in enumerate(settings) for j, lk in enumerate(grid)}
-    rows = {s.plus(lk): float(added[i, j] / steps[i, j]) for i, s in enumerate(settings) for j, lk in enumerate(grid)}
-    return taus, rows, {**state, "positions": count}
+from eagle_trt.bench.tune_choice import (
+    LOOKUP_OFF,
+    Setting,
+    candidate_settings,
+    choose,
+    finalists,
+    lookup_grid,
+    run_name,
+    setting_of,
+)
+from eagle_trt.bench.tune_replay import calibrate
 
 
 def measure_costs(session, state: dict, settings: list[Setting], reps: int = 3,
@@ -368,22 +104,6 @@ def measure_costs(session, state: dict, settings: list[Setting], reps: int = 3,
     verify = {t: s * 1e3 for t, s in forward_curve(runner.target, default_sizes(max_tree), context, reps).items()}
     return {"draft_ms": draft, "extend_ms": extend, "verify_ms": verify, "lookup_ms": lookup,
             "context_tokens": context}
-
-
-def _setting(row: dict) -> Setting:
-    return Setting(**{f: row[f] for f in Setting.__dataclass_fields__ if f in row})
-
-
-def finalists(ranked: list[dict], default: dict | None, n: int, extra: list[dict | None] = ()) -> list[Setting]:
-    """The n best-predicted settings, then `extra` and the build default (no duplicates), in that order."""
-    picked = [_setting(r) for r in ranked[:max(n, 0)]]
-    picked += [_setting(r) for r in (*extra, default) if r is not None]
-    return list(dict.fromkeys(picked))
-
-
-def run_name(s: Setting, fallback_after: int) -> str:
-    lookup = f"+lookup{s.lookup_tokens}x{s.lookup_branches}+{s.datastore_branches}" if s.lookup_tokens else ""
-    return f"{s.beam_width}x{s.draft_length}x{s.total_tokens}{lookup}/fallback{fallback_after}"
 
 
 def measure_end_to_end(session, encoded: list[list[int]], max_new_tokens: int, settings: list[Setting],
@@ -468,7 +188,7 @@ def tune_engine(session, encoded: list[list[int]], max_new_tokens: int = 64, pos
         progress("measuring draft, head-update, lookup and verify costs")
     costs = measure_costs(session, state, settings, reps, grid, max(rows.values()))
     ranked = choose(taus, costs["verify_ms"], costs["draft_ms"], costs["extend_ms"], rows, costs["lookup_ms"])
-    by_setting = {_setting(r): r for r in ranked}
+    by_setting = {setting_of(r): r for r in ranked}
     best, validation = ranked[0], None
     if validate > 0:
         no_lookup = next((r for r in ranked if r["lookup_tokens"] == 0), None)
@@ -502,56 +222,3 @@ def tune_engine(session, encoded: list[list[int]], max_new_tokens: int = 64, pos
                      "lookup_grid": len(grid), "datastore": has_store,
                      "seconds": time.perf_counter() - t0},
     }
-
-
-# ---- storing -------------------------------------------------------------------------------------
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def store_tuned(engine_root: str | Path, best: dict, info: dict | None = None) -> Path:
-    """Write engine_root/tuned.json and list it (sha256 + size) in manifest.json, both atomically.
-
-    Session.decode_options then prefers these settings over the build config's."""
-    from eagle_trt.engine.manifest import MANIFEST_NAME, FileEntry, read_manifest, sha256_file, write_manifest
-    from eagle_trt.runtime.session import TUNED_NAME
-
-    root = Path(engine_root)
-    manifest = read_manifest(root)
-    data = {"tree": "dynamic", "beam_width": int(best["beam_width"]), "draft_length": int(best["draft_length"]),
-            "total_tokens": int(best["total_tokens"]),
-            "predicted_tokens_per_second": round(best["predicted_tokens_per_second"], 3),
-            "tau": round(best["tau"], 4), **(info or {})}
-    data["lookup_tokens"] = int(best.get("lookup_tokens", 0))
-    data["lookup_branches"] = int(best.get("lookup_branches", 1))
-    data["datastore_branches"] = int(best.get("datastore_branches", 0))
-    if "fallback_after" in best:
-        data["fallback_after"] = int(best["fallback_after"])
-        data["measured_by_variant"] = best["measured_by_variant"]
-    if "measured_tokens_per_second" in best:
-        data["measured_tokens_per_second"] = round(best["measured_tokens_per_second"], 3)
-        data["measured_tau"] = round(best["measured_tau"], 4)
-    path = root / TUNED_NAME
-    _atomic_write(path, json.dumps(data, indent=2, default=str) + "\n")
-    files = dict(manifest.files)
-    files[TUNED_NAME] = FileEntry(sha256=sha256_file(path), bytes=path.stat().st_size)
-    updated = manifest.model_copy(update={"files": files})
-    # write_manifest's own format, written beside the engine and moved into place in one rename.
-    tmpdir = Path(tempfile.mkdtemp(dir=root, prefix=".manifest-"))
-    try:
-        os.replace(write_manifest(updated, tmpdir), root / MANIFEST_NAME)
-    finally:
-        for p in tmpdir.iterdir():
-            p.unlink()
-        tmpdir.rmdir()
-    return path

@@ -74,7 +74,8 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
     import torch
 
     from eagle_trt.bench.prompts import load_prompts
-    from eagle_trt.bench.tune import store_tuned, tune_engine
+    from eagle_trt.bench.tune import tune_engine
+    from eagle_trt.bench.tune_store import store_tuned
     from eagle_trt.runtime.session import Session
 
     require_engine(engine)

@@ -216,7 +216,8 @@ class Runner:
             # Node indices: the head's nodes first, then the context's copies, then the datastore's.
             drafted = copied = tree.tokens.numel()
             if index is not None:
-                tree, copied = with_lookup(tree, *self._lookup_chains(index, opts))
+                tree, copied = with_lookup(tree, *copied_chains(index, self.datastore, opts.lookup_tokens,
+                                                                 opts.lookup_branches, opts.datastore_branches))
             t_verify = time.perf_counter()
             # One target forward over root + tree; node i sits at position n + depth(i).
             hidden, aux = self.target.hidden_states(tree.tokens, tree.positions(n), self.cache, tree.mask,
@@ -254,11 +255,6 @@ class Runner:
             t = time.perf_counter()
             self.drafter.extend(aux[path], torch.tensor(accepted + [bonus]))
             carry_draft_s = time.perf_counter() - t
-
-    def _lookup_chains(self, index: NgramIndex, opts: DecodeOptions) -> tuple[list[list[int]], list[list[int]]]:
-        """Copied continuations: the context's, and the datastore's that differ from those."""
-        return copied_chains(index, self.datastore, opts.lookup_tokens, opts.lookup_branches,
-                             opts.datastore_branches)
 
     def _check_prompt(self, prompt_ids: list[int], opts: DecodeOptions) -> None:
         if not prompt_ids:

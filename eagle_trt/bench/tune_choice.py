@@ -1,0 +1,148 @@
+"""`eagle-trt tune`, the pure part: candidate settings, the decode-path walk, and the ranking by predicted
+tokens/s. No model, no timing: unit-tested on synthetic curves and acceptance tables."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from eagle_trt.bench.stats import interpolate
+
+TOTALS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
+
+
+LOOKUP_OFF = (0, 1, 0)  # (lookup_tokens, lookup_branches, datastore_branches) with prompt lookup off
+
+
+@dataclass(frozen=True, order=True)
+class Setting:
+    beam_width: int
+    draft_length: int
+    total_tokens: int
+    lookup_tokens: int = 0  # copies of up to this many tokens grafted on the tree (0 = prompt lookup off)
+    lookup_branches: int = 1  # from the context
+    datastore_branches: int = 0  # from the datastore
+
+    @property
+    def tree(self) -> "Setting":
+        """The head's part alone (lookup off)."""
+        return Setting(self.beam_width, self.draft_length, self.total_tokens)
+
+    @property
+    def lookup(self) -> tuple[int, int, int]:
+        return (self.lookup_tokens, self.lookup_branches, self.datastore_branches) if self.lookup_tokens else LOOKUP_OFF
+
+    def plus(self, lookup: tuple[int, int, int]) -> "Setting":
+        return Setting(self.beam_width, self.draft_length, self.total_tokens, *lookup)
+
+
+def lookup_grid(tokens: list[int], branches: list[int], datastore: list[int], room: int,
+                include: list[tuple[int, int, int]] = ()) -> list[tuple[int, int, int]]:
+    """Every (lookup_tokens, lookup_branches, datastore_branches) worth scoring: lookup off, and each
+    combination with tokens > 0 whose copies fit `room` verify rows; plus `include`."""
+    out = {LOOKUP_OFF, *include}
+    for t in tokens:
+        for b in branches:
+            for ds in datastore:
+                if t > 0 and b >= 1 and ds >= 0 and t * (b + ds) <= room:
+                    out.add((t, b, ds))
+    return sorted(out)
+
+
+def candidate_count(k: int, d: int) -> int:
+    """Draft candidates a dynamic tree of beam k and depth d creates (k at depth 1, k*k per later level)."""
+    return k + (d - 1) * k * k
+
+
+def candidate_settings(beams: list[int], max_depth: int, room: int, totals=TOTALS,
+                       include: list[Setting] = ()) -> list[Setting]:
+    """Every (k, d, N) worth scoring: d <= N <= min(candidates, room), k*d <= room; plus `include`."""
+    out = set(include)
+    for k in beams:
+        for d in range(1, max_depth + 1):
+            if k * d > room:
+                continue
+            top = min(candidate_count(k, d), room)
+            for n in {d, *totals}:
+                if d <= n <= top:
+                    out.add(Setting(k, d, n))
+    return sorted(out)
+
+
+def predict_tps(tau: float, draft_ms: float, extend_ms: float, verify_ms: float, lookup_ms: float = 0.0) -> float:
+    step = draft_ms + extend_ms + verify_ms + lookup_ms
+    return 1e3 * tau / step if step > 0 else 0.0
+
+
+def choose(taus: dict[Setting, float], verify_ms: dict[int, float], draft_ms: dict[tuple[int, int], float],
+           extend_ms: dict[int, float], lookup_rows: dict[Setting, float] | None = None,
+           lookup_ms: dict[tuple, float] | None = None) -> list[dict]:
+    """Rank settings by predicted tokens/s (best first; ties go to the smaller tree, then to less lookup).
+
+    taus: measured tau per setting; verify_ms: forward ms per token count (root included);
+    draft_ms: tree-growing ms per (beam width, depth); extend_ms: head-update ms per accepted count;
+    lookup_rows: mean verify rows a setting's copies add per step; lookup_ms: ms to find and graft the copies
+    of a lookup setting (both 0 with lookup off)."""
+    ranked = []
+    for s, tau in taus.items():
+        if (s.beam_width, s.draft_length) not in draft_ms:
+            continue
+        rows = (lookup_rows or {}).get(s, 0.0) if s.lookup_tokens else 0.0
+        lk = (lookup_ms or {}).get(s.lookup, 0.0) if s.lookup_tokens else 0.0
+        v = interpolate(verify_ms, s.total_tokens + 1 + rows)
+        e = interpolate(extend_ms, tau)
+        d = draft_ms[(s.beam_width, s.draft_length)]
+        ranked.append({**asdict(s), "tau": tau, "draft_ms": d, "extend_ms": e, "verify_ms": v, "lookup_rows": rows,
+                       "lookup_ms": lk, "predicted_tokens_per_second": predict_tps(tau, d, e, v, lk)})
+    ranked.sort(key=lambda r: (-r["predicted_tokens_per_second"], r["total_tokens"], r["beam_width"],
+                               r["draft_length"], r["lookup_tokens"], r["lookup_branches"], r["datastore_branches"]))
+    return ranked
+
+
+def walk(accepted: torch.Tensor, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The runtime's own path through one sequence, for many settings at once.
+
+    accepted[r, c]: draft tokens setting c gets accepted with its root at the r-th of R consecutive positions,
+    the last R tokens but one of the output (acceptance at r capped at the R - r tokens left); rows[r, c]:
+    verify rows it adds there (optional). A step at root r commits accepted + 1 tokens (the bonus token is the
+    next root), so the next step's root is r + accepted + 1; a step that reaches the output's end commits
+    only what is left, as decoding stops there. Returns per setting (tokens committed, steps, rows summed
+    over the steps).
+
+    Averaging acceptance over every position instead would over-weight runs of easy tokens (a copied
+    stretch of 8 is crossed in one step but holds 8 positions), which is exactly where prompt lookup shines."""
+    count, settings = accepted.shape
+    at = torch.zeros(settings, dtype=torch.long)
+    cols = torch.arange(settings)
+    tokens = torch.zeros(settings, dtype=torch.float64)
+    steps = torch.zeros(settings, dtype=torch.float64)
+    added = torch.zeros(settings, dtype=torch.float64)
+    alive = torch.ones(settings, dtype=torch.bool)
+    while bool(alive.any()):
+        here = at.clamp(max=count - 1)
+        a = accepted[here, cols]
+        tokens += torch.where(alive, torch.minimum(a + 1, count - at), 0)  # the last step stops at the end
+        steps += alive
+        if rows is not None:
+            added += torch.where(alive, rows[here, cols], 0)
+        at = at + a + 1
+        alive &= at < count
+    return tokens, steps, added
+
+
+def setting_of(row: dict) -> Setting:
+    """The Setting a ranked row describes."""
+    return Setting(**{f: row[f] for f in Setting.__dataclass_fields__ if f in row})
+
+
+def finalists(ranked: list[dict], default: dict | None, n: int, extra: list[dict | None] = ()) -> list[Setting]:
+    """The n best-predicted settings, then `extra` and the build default (no duplicates), in that order."""
+    picked = [setting_of(r) for r in ranked[:max(n, 0)]]
+    picked += [setting_of(r) for r in (*extra, default) if r is not None]
+    return list(dict.fromkeys(picked))
+
+
+def run_name(s: Setting, fallback_after: int) -> str:
+    lookup = f"+lookup{s.lookup_tokens}x{s.lookup_branches}+{s.datastore_branches}" if s.lookup_tokens else ""
+    return f"{s.beam_width}x{s.draft_length}x{s.total_tokens}{lookup}/fallback{fallback_after}"

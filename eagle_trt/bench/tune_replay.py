@@ -1,0 +1,158 @@
+"""`eagle-trt tune`, acceptance by replay: the drafter and the lookup copies at every position of the
+target's own greedy output, scored as greedy verification would, then walked along the decode path."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from eagle_trt.bench.tune_choice import LOOKUP_OFF, Setting, walk
+
+def _candidates(drafter, k: int, depth: int):
+    """The full dynamic tree's candidates (no size cut): (scores, parents, depths, tokens) in creation order."""
+    c = drafter.grow_candidates(k, depth)
+    return c.scores, c.parents, c.depths, c.tokens
+
+
+def accepted_lengths(scores, parents, depths, tokens, continuation: list[int], settings) -> dict:
+    """Draft tokens greedy verification accepts for each (d, N) in settings, given the true continuation."""
+    from eagle_trt.speculative.tree import select_top_nodes
+
+    n = scores.numel()
+    good = torch.zeros(n, dtype=torch.bool)  # the whole root..candidate path matches the continuation
+    dep, par, tok = depths.tolist(), parents.tolist(), tokens.tolist()
+    for c in range(n):
+        if dep[c] <= len(continuation) and tok[c] == continuation[dep[c] - 1]:
+            good[c] = par[c] < 0 or bool(good[par[c]])
+    upto = {}
+    for d in sorted({d for d, _ in settings}):
+        upto[d] = sum(1 for x in dep if x <= d)  # levels are created in order: a prefix of the list
+    out = {}
+    for d, total in settings:
+        m = upto[d]
+        kept, _ = select_top_nodes(scores[:m], parents[:m], depths[:m], total)
+        hit = kept[good[kept]]
+        out[(d, total)] = int(depths[hit].max()) if hit.numel() else 0
+    return out
+
+
+def replay(session, seq: list[int], roots: list[int], settings: list[Setting]) -> tuple[dict, dict]:
+    """Accepted draft tokens per root position and setting, for the token sequence `seq` whose part after
+    the prompt is the target's own greedy output. Returns ({root: {Setting: accepted}}, drafter state)."""
+    runner = session.runner
+    target, drafter, head = runner.target, runner.drafter, runner.drafter.head
+    by_beam: dict[int, set] = {}
+    for s in settings:
+        by_beam.setdefault(s.beam_width, set()).add((s.draft_length, s.total_tokens))
+    length = len(seq)
+    with torch.inference_mode():
+        runner.cache.length = 0
+        _, aux = target.forward(torch.tensor(seq), torch.arange(length), runner.cache, need_aux=True,
+                                logits_rows=torch.tensor([length - 1]))
+        # The head over the whole sequence at once, as `Drafter.extend` would feed it piece by piece:
+        # draft position t reads (feature t, token t+1).
+        drafter.reset()
+        t = length - 1
+        mask = torch.ones(t, t, dtype=torch.bool).tril_()
+        logits, hidden = head.forward(head.fuse(aux[:t]), torch.tensor(seq[1:]), torch.arange(t), drafter.cache, 0,
+                                      mask)
+    out = {}
+    # Descending roots: growing a tree at root n overwrites head cache slots >= n only, which smaller
+    # roots never read.
+    for n in sorted(set(roots), reverse=True):
+        drafter.cache.length = n
+        drafter.last_logits, drafter.last_hidden = logits[n - 1], hidden[n - 1]
+        res = {}
+        for k, pairs in by_beam.items():
+            depth = max(d for d, _ in pairs)
+            cand = _candidates(drafter, k, depth)
+            for (d, total), acc in accepted_lengths(*cand, seq[n + 1: n + 1 + depth], pairs).items():
+                res[Setting(k, d, total)] = acc
+        out[n] = res
+    state = {"seq": seq, "aux": aux, "logits": logits, "hidden": hidden, "root": min(roots)}
+    return out, state
+
+
+def lookup_replay(seq: list[int], prompt_len: int, roots: list[int], grid: list[tuple[int, int, int]],
+                  datastore=None) -> dict[int, dict[tuple[int, int, int], tuple[int, int]]]:
+    """For each root position and lookup setting of `grid`: (tokens the copies get accepted, verify rows they
+    add) when the runtime grafts them there. The copies are the runtime's own (`copied_chains` over the
+    context seq[:root + 1] and `datastore`); rows count the copies' distinct prefixes, not the nodes they may
+    share with the head's tree (an upper bound of one or two rows)."""
+    from eagle_trt.speculative.lookup import NgramIndex, copied_chains, matched, trie_size
+
+    index = NgramIndex()
+    index.extend(seq[:prompt_len])
+    out = {}
+    for n in sorted(set(roots)):
+        index.extend(seq[len(index.tokens): n + 1])
+        continuation = seq[n + 1:]
+        res = {}
+        for lk in grid:
+            if lk[0] <= 0:
+                res[lk] = (0, 0)
+                continue
+            chains, more = copied_chains(index, datastore, *lk)
+            res[lk] = (max((matched(c, continuation) for c in chains + more), default=0), trie_size(chains + more))
+        out[n] = res
+    return out
+
+
+def calibrate(session, encoded: list[list[int]], max_new_tokens: int, positions: int, settings: list[Setting],
+              grid: list[tuple[int, int, int]] = (LOOKUP_OFF,), progress: Callable[[str], None] | None = None
+              ) -> tuple[dict[Setting, float], dict[Setting, float], dict]:
+    """Measured tau per head setting x lookup setting (`grid`) by replay over the calibration prompts, the mean
+    verify rows the copies add per step, and one drafter state (prefix length, root, sequence) for the timing
+    measurements.
+
+    positions <= 0: every position is replayed and each setting's steps follow the runtime's own path (`walk`),
+    so tau is what decoding those prompts would measure. positions > 0: that many evenly spaced positions per
+    prompt, averaged (faster; optimistic where acceptance comes in runs)."""
+    runner = session.runner
+    grid = list(dict.fromkeys([LOOKUP_OFF, *grid]))
+    max_depth = max(s.draft_length for s in settings)
+    ahead = max(max_depth, *(lk[0] for lk in grid))
+    shape = (len(settings), len(grid))
+    tokens, steps, added = (torch.zeros(shape, dtype=torch.float64) for _ in range(3))
+    state, count = None, 0
+    for i, ids in enumerate(encoded):
+        ar = runner.generate(ids, session.decode_options(mode="ar", max_new_tokens=max_new_tokens, tuned=False))
+        seq = list(ids) + ar.token_ids
+        if positions > 0:
+            last = len(seq) - 1 - ahead  # the last root with a full continuation behind it
+            roots = sorted({round(len(ids) + j * (last - len(ids)) / max(positions - 1, 1))
+                            for j in range(positions)}) if last >= len(ids) else []
+        else:
+            roots = list(range(len(ids), len(seq) - 1))  # every root decoding can have, to the end
+        if not roots:
+            continue
+        per_root, state = replay(session, seq, roots, settings)  # the last prompt's state stays usable
+        state["prompt_len"] = len(ids)
+        copies = lookup_replay(seq, len(ids), roots, grid, getattr(runner, "datastore", None))
+        head = torch.tensor([[per_root[n][s] for s in settings] for n in roots])
+        copied = torch.tensor([[copies[n][lk][0] for lk in grid] for n in roots])
+        rows = torch.tensor([[copies[n][lk][1] for lk in grid] for n in roots], dtype=torch.float64)
+        # A step accepts the longer of the head's path and the best copy (both are paths of the one tree).
+        accepted = torch.maximum(head[:, :, None], copied[:, None, :])  # [roots, settings, grid]
+        rows = rows[:, None, :].expand_as(accepted)
+        if positions > 0:
+            tokens += (accepted + 1).sum(0)
+            steps += len(roots)
+            added += rows.sum(0)
+        else:
+            t, n, r = walk(accepted.reshape(len(roots), -1), rows.reshape(len(roots), -1))
+            tokens += t.view(shape)
+            steps += n.view(shape)
+            added += r.view(shape)
+        count += len(roots)
+        if progress:
+            progress(f"calibration prompt {i + 1}/{len(encoded)}: {len(roots)} positions")
+    if count == 0:
+        from eagle_trt.errors import InputError
+
+        raise InputError("no calibration position: the prompts' AR outputs are shorter than the tree depth",
+                         hint="raise --max-new-tokens or lower --max-depth")
+    taus = {s.plus(lk): float(tokens[i, j] / steps[i, j]) for i, s in enumerate(settings) for j, lk in enumerate(grid)}
+    rows = {s.plus(lk): float(added[i, j] / steps[i, j]) for i, s in enumerate(settings) for j, lk in enumerate(grid)}
+    return taus, rows, {**state, "positions": count}
