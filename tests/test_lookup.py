@@ -6,7 +6,7 @@ import torch
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.runtime.runner import DecodeOptions, Runner, with_lookup
-from eagle_trt.speculative.lookup import NgramIndex, graft
+from eagle_trt.speculative.lookup import NgramIndex, graft, trie_size, within_rows
 from eagle_trt.speculative.tree import tree_from_parents
 
 
@@ -75,6 +75,21 @@ def test_with_lookup_builds_a_valid_tree():
     assert boundary == 4 and both.tokens.tolist() == [10, 11, 12, 30, 40, 50] and both.parents.tolist()[4:] == [3, 0]
 
 
+def test_within_rows_cuts_copies_to_the_budget_in_priority_order():
+    chains, more = [[1, 2, 3, 4], [1, 2, 9]], [[7, 8]]
+    assert within_rows(chains, more, None) == (chains, more)
+    assert within_rows(chains, more, 100) == (chains, more)
+    # 4 rows: the first chain whole; the second shares [1, 2] and needs one more row (9): none left.
+    assert within_rows(chains, more, 4) == ([[1, 2, 3, 4], [1, 2]], [])
+    assert within_rows(chains, more, 5) == ([[1, 2, 3, 4], [1, 2, 9]], [])
+    assert within_rows(chains, more, 6) == ([[1, 2, 3, 4], [1, 2, 9]], [[7]])
+    assert within_rows(chains, more, 2) == ([[1, 2], [1, 2]], [])
+    assert within_rows(chains, more, 0) == ([], [])
+    for budget in range(9):
+        cut, extra = within_rows(chains, more, budget)
+        assert trie_size(cut + extra) == min(budget, trie_size(chains + more))
+
+
 @pytest.fixture(scope="module")
 def runner(tiny_model_dir, tiny_head_dir):
     target = LlamaTarget.load(tiny_model_dir)
@@ -97,6 +112,23 @@ def test_greedy_with_lookup_equals_ar_and_uses_the_copies(runner, prompt, tree):
     off = runner.generate(prompt, DecodeOptions(max_new_tokens=60, eos_token_ids=[], **{**tree, "lookup_tokens": 0}))
     assert off.metrics.to_dict()["lookup_tokens_verified"] == 0
     assert res.metrics.acceptance_length > off.metrics.acceptance_length
+
+
+@pytest.mark.parametrize("cap", [8, 12])
+def test_max_verify_rows_caps_the_copies_and_stays_lossless(runner, cap):
+    prompt = [5, 6, 7, 8, 9] * 3
+    tree = dict(tree="dynamic", beam_width=2, draft_length=2, total_tokens=4, lookup_tokens=6, lookup_branches=3,
+                max_new_tokens=60, eos_token_ids=[])
+    ar = runner.generate(prompt, DecodeOptions(mode="ar", max_new_tokens=60, eos_token_ids=[])).token_ids
+    free = runner.generate(prompt, DecodeOptions(**tree))
+    capped = runner.generate(prompt, DecodeOptions(max_verify_rows=cap, **tree))
+    assert capped.token_ids == free.token_ids == ar
+    assert max(st.tree_size + 1 for st in free.metrics.steps) > cap  # the cap binds somewhere
+    assert all(st.tree_size + 1 <= cap for st in capped.metrics.steps)
+    assert capped.metrics.to_dict()["lookup_tokens_accepted"] > 0
+    # A head tree alone over the cap gets no copies at all (the tree itself is never cut).
+    none = runner.generate(prompt, DecodeOptions(max_verify_rows=3, **tree))
+    assert none.token_ids == ar and none.metrics.to_dict()["lookup_tokens_verified"] == 0
 
 
 def test_lookup_needs_room_in_the_cache(runner):

@@ -86,15 +86,38 @@ def test_choose_charges_lookup_copies_their_verify_rows():
     assert steep[0]["lookup_tokens"] == 0 and steep[0]["lookup_rows"] == 0
 
 
+def test_choose_charges_each_step_at_its_own_verify_size():
+    """On a curve with a step (bf16: a second pass over the weights past 32 rows) the cost is the mean over the
+    steps' sizes, not the cost at their mean size: copies that sometimes cross the step lose to capped ones."""
+    from eagle_trt.bench.tune_choice import row_caps
+
+    draft, extend = {(2, 1): 1.0}, {1: 0.0, 8: 0.0}
+    cliff = {1: 10.0, 32: 10.0, 33: 20.0, 64: 20.0}
+    free, capped = Setting(2, 1, 2, 8, 4, 0), Setting(2, 1, 2, 8, 4, 0, 32)
+    assert capped.copy_budget == 29 and row_caps(free.tree, free.lookup, [3, 4, 32, 35]) == [0, 4, 32]
+    taus = {free: 3.0, capped: 2.9}
+    spread = {free: {4: 0.75, 32: 0.25}, capped: {4: 0.75, 29: 0.25}}
+    ranked = choose(taus, cliff, draft, extend, spread)
+    assert ranked[0]["max_verify_rows"] == 32
+    by = {r["max_verify_rows"]: r for r in ranked}
+    assert by[0]["verify_ms"] == pytest.approx(0.75 * 10 + 0.25 * 20) and by[0]["lookup_rows"] == pytest.approx(11)
+    assert by[32]["verify_ms"] == pytest.approx(10.0)
+    # Charged at the mean size (11 rows) instead, the uncapped copies would have looked better.
+    assert choose(taus, cliff, draft, extend, {free: 11.0, capped: 10.25})[0]["max_verify_rows"] == 0
+
+
 def test_walk_follows_the_runtime_path_not_every_position():
     from eagle_trt.bench.tune_choice import walk
 
     # Setting 0 accepts 3 wherever 3 tokens are left; setting 1 accepts 7 at the first position, nothing elsewhere.
     accepted = torch.tensor([[3, 7], [3, 0], [3, 0], [3, 0], [3, 0], [3, 0], [3, 0], [3, 0], [2, 0], [1, 0]])
     rows = torch.full((10, 2), 2.0)
-    tokens, steps, added = walk(accepted, rows)
+    rows[0, 1] = 5.0  # setting 1's first step adds 5 rows
+    tokens, steps, spread = walk(accepted, rows)
     # Setting 0: roots 0, 4, 8 (4 + 4 + the 2 tokens left). Setting 1: root 0 (8 tokens), root 8, root 9.
-    assert tokens.tolist() == [10, 10] and steps.tolist() == [3, 3] and added.tolist() == [6, 6]
+    assert tokens.tolist() == [10, 10] and steps.tolist() == [3, 3]
+    # Steps by rows added: setting 0 three steps of 2 rows, setting 1 one of 5 and two of 2.
+    assert spread.tolist() == [[0, 0, 3, 0, 0, 0], [0, 0, 2, 0, 0, 1]]
     # Every path commits exactly the output; averaged over every position, setting 1 would look like
     # 1 + 0.7 = 1.7 tokens a step, its path gives 3.33.
     assert tokens[1] / steps[1] == pytest.approx(10 / 3)
@@ -201,12 +224,13 @@ def test_lookup_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
         return Candidates(torch.tensor([-0.1]), torch.tensor([-1]), torch.tensor([1]), torch.tensor([wrong]))
 
     monkeypatch.setattr(runner.drafter, "grow_candidates", grow)
-    lookups = [(6, 1, 0), (4, 2, 1), (8, 1, 2)]
+    # (lookup setting, max_verify_rows): the caps leave the copies 4 and 3 of their rows (root + 1 head node).
+    lookups = [((6, 1, 0), 0), ((4, 2, 1), 0), ((8, 1, 2), 0), ((8, 1, 2), 6), ((4, 2, 1), 5)]
     seen, discarded = set(), 0
-    for lk in lookups:
+    for lk, cap in lookups:
         opts = session.decode_options(tree="dynamic", beam_width=1, draft_length=1, total_tokens=1,
                                       max_new_tokens=40, fallback_after=0, lookup_tokens=lk[0], lookup_branches=lk[1],
-                                      datastore_branches=lk[2], tuned=False)
+                                      datastore_branches=lk[2], max_verify_rows=cap, tuned=False)
         res = runner.generate(ids, opts)
         assert res.token_ids == ar
         # Steps count what they committed: the prefill's token, then accepted + bonus per step (the last one
@@ -219,16 +243,23 @@ def test_lookup_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
             roots.append(n)
             n += step.accepted + 1
         keep = [i for i, r in enumerate(roots) if r + lk[0] < len(seq)]
-        replayed = lookup_replay(seq, len(ids), [roots[i] for i in keep], [lk], store)
+        setting = Setting(1, 1, 1, *lk, cap)
+        budget = setting.copy_budget
+        assert budget == (cap - 2 if cap else None)
+        if cap:
+            assert max(st.lookup_size for st in steps) == budget  # the cap binds in this run
+        replayed = lookup_replay(seq, len(ids), [roots[i] for i in keep], [(lk, budget)], store)
         for i in keep:
             step = res.metrics.steps[i]
-            copied, rows = replayed[roots[i]][lk]
+            copied, rows = replayed[roots[i]][(lk, budget)]
             assert (min(copied, len(seq) - 2 - roots[i]), rows) == (step.accepted, step.lookup_size)
             seen.add(step.accepted)
         # The whole calibration (replay at every position, then the walk) gives this run's tau and rows exactly.
-        taus, rows, _ = calibrate(session, [ids], 40, 0, [Setting(1, 1, 1)], [lk])
-        assert taus[Setting(1, 1, 1, *lk)] == pytest.approx(res.metrics.acceptance_length)
-        assert rows[Setting(1, 1, 1, *lk)] == pytest.approx(sum(st.lookup_size for st in steps) / len(steps))
+        taus, rows, _ = calibrate(session, [ids], 40, 0, [Setting(1, 1, 1)], [lk], caps=[cap] if cap else [])
+        assert taus[setting] == pytest.approx(res.metrics.acceptance_length)
+        spread = rows[setting]
+        assert sum(spread.values()) == pytest.approx(1.0)
+        assert sum(r * p for r, p in spread.items()) == pytest.approx(sum(st.lookup_size for st in steps) / len(steps))
     assert len(seen) >= 3  # misses, partial and long copies were all compared
     assert discarded  # some final step verified tokens past max_new_tokens, and they were not counted
 
@@ -239,7 +270,7 @@ def test_tune_stores_verified_defaults_that_session_and_bench_use(engine, tmp_pa
 
     r = cli.invoke(app, ["tune", "--engine", str(engine), "--limit", "2", "--max-new-tokens", "24", "--positions",
                          "4", "--max-depth", "6", "--beams", "1,4", "--validate", "2", "--validate-repeats", "1",
-                         "--json"])
+                         "--json", "--top", "100000"])
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     best = res["best"]
@@ -264,8 +295,12 @@ def test_tune_stores_verified_defaults_that_session_and_bench_use(engine, tmp_pa
     stored = json.loads((engine / "tuned.json").read_text())
     assert stored["measured_tokens_per_second"] == round(best["measured_tokens_per_second"], 3)
     assert (stored["fallback_after"], stored["lookup_tokens"], stored["lookup_branches"],
-            stored["datastore_branches"]) == (best["fallback_after"], best["lookup_tokens"], best["lookup_branches"],
-                                              best["datastore_branches"])
+            stored["datastore_branches"], stored["max_verify_rows"]) == (
+        best["fallback_after"], best["lookup_tokens"], best["lookup_branches"], best["datastore_branches"],
+        best["max_verify_rows"])
+    # Row caps were scored where they cut copies (default --max-verify-rows 0,16,24,32), never on lookup off.
+    assert {16, 24, 32} <= {r["max_verify_rows"] for r in res["ranked"]}
+    assert all(r["max_verify_rows"] == 0 for r in res["ranked"] if r["lookup_tokens"] == 0)
     sizes = {int(t) for t in res["measured"]["verify_ms"]}  # up to the largest tree + root + mean copied rows
     assert {1, 16} <= sizes and max(sizes) > 65
     eng = open_engine(engine, verify=True)  # the manifest lists tuned.json with its hash
@@ -273,8 +308,9 @@ def test_tune_stores_verified_defaults_that_session_and_bench_use(engine, tmp_pa
     session = Session.open(engine)
     opts = session.decode_options()
     assert (opts.beam_width, opts.draft_length, opts.total_tokens, opts.fallback_after, opts.lookup_tokens,
-            opts.lookup_branches) == (best["beam_width"], best["draft_length"], best["total_tokens"],
-                                      best["fallback_after"], best["lookup_tokens"], best["lookup_branches"])
+            opts.lookup_branches, opts.max_verify_rows) == (
+        best["beam_width"], best["draft_length"], best["total_tokens"], best["fallback_after"], best["lookup_tokens"],
+        best["lookup_branches"], best["max_verify_rows"])
     assert session.decode_options(fallback_after=5).fallback_after == 5
     assert session.decode_options(tuned=False).total_tokens == 32
     assert session.decode_options(total_tokens=40).total_tokens == 40  # explicit options still win

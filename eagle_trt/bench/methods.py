@@ -60,7 +60,8 @@ class OursMethod(Method):
             "total_tokens": opts.total_tokens, "fallback_after": opts.fallback_after,
             "lookup_tokens": opts.lookup_tokens, "lookup_branches": opts.lookup_branches,
             "datastore_branches": opts.datastore_branches
-            if opts.lookup_tokens > 0 and getattr(runner, "datastore", None) is not None else 0}
+            if opts.lookup_tokens > 0 and getattr(runner, "datastore", None) is not None else 0,
+            "max_verify_rows": opts.max_verify_rows if opts.lookup_tokens > 0 else 0}
 
     def run(self, prompt_ids, max_new_tokens):
         self.opts.max_new_tokens = max_new_tokens
@@ -138,7 +139,7 @@ def build_methods(session, names: list[str]) -> list[Method]:
                       else (*DEFAULT_LOOKUP, session.config.datastore_branches))
             out.append(OursMethod(n, runner, session.decode_options(
                 mode="eagle", tree="dynamic", lookup_tokens=lookup[0], lookup_branches=lookup[1],
-                datastore_branches=lookup[2])))
+                datastore_branches=lookup[2], max_verify_rows=own.max_verify_rows)))
         elif n == "tree-untuned":
             out.append(OursMethod(n, runner, session.decode_options(mode="eagle", tree="dynamic", tuned=False,
                                                                     lookup_tokens=0)))

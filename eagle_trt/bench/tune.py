@@ -2,7 +2,7 @@
 
 Expected tokens/s of a setting (beam width k, depth d, total tokens N, lookup L) is
 
-    tau / (draft(k, d) + extend(tau) + lookup(L) + verify(N + 1 + rows(L)))
+    tau / (draft(k, d) + extend(tau) + lookup(L) + mean over steps of verify(N + 1 + rows))
 
 where verify(T) is the measured target forward over T tokens (the verify-cost curve), draft(k, d) the
 measured time to grow a tree, extend(n) the measured time to feed n accepted tokens back to the head,
@@ -17,8 +17,10 @@ runtime's tokens per step on those prompts, not an average over positions.
 Prompt lookup is part of a setting: (lookup_tokens, lookup_branches, datastore_branches) copies from the
 context and the datastore are grafted onto the tree at runtime, so the replay also computes, at every
 root, the copies each lookup setting would graft there (`lookup_replay`, the runtime's own
-`copied_chains`): how many tokens the best copy gets accepted and how many verify rows the copies add. A
-step accepts the longest of the head's path and the copies', and verifies N + 1 + those rows.
+`copied_chains`, cut by `within_rows` where the setting caps the verify rows): how many tokens the best
+copy gets accepted and how many verify rows the copies add. A step accepts the longest of the head's path
+and the copies', and verifies N + 1 + those rows; its cost is read off the curve at that size, step by
+step, since the curve has jumps (bf16's 32-row chunks) that a cost at the mean size would hide.
 
 The model leaves out per-step work it does not time (tree bookkeeping, mask building, KV compaction, token
 emission) and the plain-decoding fallback after repeated misses, so the few best-predicted settings, the
@@ -48,6 +50,7 @@ from eagle_trt.bench.tune_choice import (
     choose,
     finalists,
     lookup_grid,
+    row_caps,
     run_name,
     setting_of,
 )
@@ -124,7 +127,8 @@ def measure_end_to_end(session, encoded: list[list[int]], max_new_tokens: int, s
     methods += [OursMethod(name, session.runner, session.decode_options(
         tree="dynamic", beam_width=s.beam_width, draft_length=s.draft_length, total_tokens=s.total_tokens,
         fallback_after=f, lookup_tokens=s.lookup_tokens, lookup_branches=s.lookup_branches,
-        datastore_branches=s.datastore_branches, tuned=False)) for name, (s, f) in runs.items()]
+        datastore_branches=s.datastore_branches, max_verify_rows=s.max_verify_rows, tuned=False))
+        for name, (s, f) in runs.items()]
     prompts = [(Prompt(id=f"calibration-{i}", category="calibration"), ids) for i, ids in enumerate(encoded)]
     res = run_bench(methods, prompts, max_new_tokens, repeats, warmup=False,
                     references={name: ("ar", True) for name in runs})
@@ -162,31 +166,36 @@ def tune_engine(session, encoded: list[list[int]], max_new_tokens: int = 64, pos
                 max_depth: int = 8, beams: list[int] | None = None, reps: int = 3,
                 progress: Callable[[str], None] | None = None, validate: int = 3, validate_repeats: int = 2,
                 lookup_tokens: list[int] = (), lookup_branches: list[int] = (1,),
-                datastore_branches: list[int] = (0,)) -> dict:
+                datastore_branches: list[int] = (0,), max_verify_rows: list[int] = (0,)) -> dict:
     """Measure everything and rank the settings; returns {"best", "default", "ranked", "measured", ...}.
 
     Settings are head trees (beam width, depth, total tokens) crossed with the lookup settings of
     `lookup_grid(lookup_tokens, lookup_branches, datastore_branches)` (datastore branches only where the
-    engine has a datastore; lookup off always). With validate > 0 the `validate` best-predicted settings, the
-    best-predicted one without lookup and the build default are run end to end (`measure_end_to_end`), each
-    with the plain-decoding fallback on and off, and "best" is the fastest of them as measured; every ranked
-    row of a finalist gains "measured_tokens_per_second", "measured_tau", "fallback_after" and
-    "measured_by_variant", and the result "validation"."""
+    engine has a datastore; lookup off always), and each setting with lookup also with each cap of
+    `max_verify_rows` on its verify rows where the cap cuts its copies (0 = no cap, always scored). With
+    validate > 0 the `validate` best-predicted settings, the best-predicted one without lookup and the build
+    default are run end to end (`measure_end_to_end`), each with the plain-decoding fallback on and off, and
+    "best" is the fastest of them as measured; every ranked row of a finalist gains
+    "measured_tokens_per_second", "measured_tau", "fallback_after" and "measured_by_variant", and the result
+    "validation"."""
     cfg = session.config
     has_store = getattr(session.runner, "datastore", None) is not None
     # All-zero lookup_tokens: lookup off only; else the engine's own lookup setting is scored too.
     own = engine_lookup(cfg, has_store) if any(t > 0 for t in lookup_tokens) else LOOKUP_OFF
-    default = Setting(cfg.max_beam_width, cfg.draft_length, cfg.total_tokens, *own)
+    default = Setting(cfg.max_beam_width, cfg.draft_length, cfg.total_tokens)
+    own_cap = cfg.max_verify_rows if cfg.max_verify_rows in row_caps(default, own, [cfg.max_verify_rows]) else 0
+    default = default.plus(own, own_cap)
     beams = sorted({b for b in (beams or [1, 2, 4, 8]) if 1 <= b <= cfg.max_beam_width} | {cfg.max_beam_width})
     max_depth = min(max(max_depth, cfg.draft_length), 32)
     settings = candidate_settings(beams, max_depth, tree_room(cfg), include=[default.tree])
     grid = lookup_grid(list(lookup_tokens), list(lookup_branches), list(datastore_branches) if has_store else [0],
                        lookup_room(cfg), include=[own])
     t0 = time.perf_counter()
-    taus, rows, state = calibrate(session, encoded, max_new_tokens, positions, settings, grid, progress)
+    caps = sorted({c for c in (*max_verify_rows, own_cap) if c > 0})
+    taus, rows, state = calibrate(session, encoded, max_new_tokens, positions, settings, grid, progress, caps)
     if progress:
         progress("measuring draft, head-update, lookup and verify costs")
-    costs = measure_costs(session, state, settings, reps, grid, max(rows.values()))
+    costs = measure_costs(session, state, settings, reps, grid, max((max(r) for r in rows.values() if r), default=0))
     ranked = choose(taus, costs["verify_ms"], costs["draft_ms"], costs["extend_ms"], rows, costs["lookup_ms"])
     by_setting = {setting_of(r): r for r in ranked}
     best, validation = ranked[0], None

@@ -23,6 +23,7 @@ class Setting:
     lookup_tokens: int = 0  # copies of up to this many tokens grafted on the tree (0 = prompt lookup off)
     lookup_branches: int = 1  # from the context
     datastore_branches: int = 0  # from the datastore
+    max_verify_rows: int = 0  # copies cut to fit this many verify rows, root and head's tree included (0 = no cut)
 
     @property
     def tree(self) -> "Setting":
@@ -33,8 +34,21 @@ class Setting:
     def lookup(self) -> tuple[int, int, int]:
         return (self.lookup_tokens, self.lookup_branches, self.datastore_branches) if self.lookup_tokens else LOOKUP_OFF
 
-    def plus(self, lookup: tuple[int, int, int]) -> "Setting":
-        return Setting(self.beam_width, self.draft_length, self.total_tokens, *lookup)
+    def plus(self, lookup: tuple[int, int, int], max_verify_rows: int = 0) -> "Setting":
+        return Setting(self.beam_width, self.draft_length, self.total_tokens, *lookup,
+                       max_verify_rows if lookup[0] > 0 else 0)
+
+    @property
+    def copy_budget(self) -> int | None:
+        """Rows the copies may add (what the runtime passes to `within_rows`); None = no cut."""
+        return max(self.max_verify_rows - self.total_tokens - 1, 0) if self.max_verify_rows > 0 else None
+
+
+def row_caps(tree: Setting, lookup: tuple[int, int, int], caps: list[int]) -> list[int]:
+    """The max_verify_rows values worth scoring for this head tree and lookup setting: 0 (no cut), and each cap
+    that leaves the copies some rows but fewer than they can take (others equal no cut or lookup off)."""
+    most = lookup[0] * (lookup[1] + lookup[2]) if lookup[0] > 0 else 0
+    return [0] + sorted({c for c in caps if tree.total_tokens + 1 < c < tree.total_tokens + 1 + most})
 
 
 def lookup_grid(tokens: list[int], branches: list[int], datastore: list[int], room: int,
@@ -76,27 +90,33 @@ def predict_tps(tau: float, draft_ms: float, extend_ms: float, verify_ms: float,
 
 
 def choose(taus: dict[Setting, float], verify_ms: dict[int, float], draft_ms: dict[tuple[int, int], float],
-           extend_ms: dict[int, float], lookup_rows: dict[Setting, float] | None = None,
+           extend_ms: dict[int, float], lookup_rows: dict[Setting, float | dict[int, float]] | None = None,
            lookup_ms: dict[tuple, float] | None = None) -> list[dict]:
     """Rank settings by predicted tokens/s (best first; ties go to the smaller tree, then to less lookup).
 
     taus: measured tau per setting; verify_ms: forward ms per token count (root included);
     draft_ms: tree-growing ms per (beam width, depth); extend_ms: head-update ms per accepted count;
-    lookup_rows: mean verify rows a setting's copies add per step; lookup_ms: ms to find and graft the copies
-    of a lookup setting (both 0 with lookup off)."""
+    lookup_rows: verify rows a setting's copies add per step, either the mean or, better, the share of steps
+    adding each row count ({rows: share}): a step's verify cost is read off the curve at its own size, so
+    a curve with a step in it (bf16's 32-row chunks) is charged where the steps land, not at their mean;
+    lookup_ms: ms to find and graft the copies of a lookup setting (both 0 with lookup off)."""
     ranked = []
     for s, tau in taus.items():
         if (s.beam_width, s.draft_length) not in draft_ms:
             continue
-        rows = (lookup_rows or {}).get(s, 0.0) if s.lookup_tokens else 0.0
+        spread = (lookup_rows or {}).get(s, 0.0) if s.lookup_tokens else 0.0
+        if not isinstance(spread, dict):
+            spread = {spread: 1.0}
+        rows = sum(r * p for r, p in spread.items())
         lk = (lookup_ms or {}).get(s.lookup, 0.0) if s.lookup_tokens else 0.0
-        v = interpolate(verify_ms, s.total_tokens + 1 + rows)
+        v = sum(p * interpolate(verify_ms, s.total_tokens + 1 + r) for r, p in spread.items())
         e = interpolate(extend_ms, tau)
         d = draft_ms[(s.beam_width, s.draft_length)]
         ranked.append({**asdict(s), "tau": tau, "draft_ms": d, "extend_ms": e, "verify_ms": v, "lookup_rows": rows,
                        "lookup_ms": lk, "predicted_tokens_per_second": predict_tps(tau, d, e, v, lk)})
     ranked.sort(key=lambda r: (-r["predicted_tokens_per_second"], r["total_tokens"], r["beam_width"],
-                               r["draft_length"], r["lookup_tokens"], r["lookup_branches"], r["datastore_branches"]))
+                               r["draft_length"], r["lookup_tokens"], r["lookup_branches"], r["datastore_branches"],
+                               -r["max_verify_rows"]))
     return ranked
 
 
@@ -105,10 +125,10 @@ def walk(accepted: torch.Tensor, rows: torch.Tensor | None = None) -> tuple[torc
 
     accepted[r, c]: draft tokens setting c gets accepted with its root at the r-th of R consecutive positions,
     the last R tokens but one of the output (acceptance at r capped at the R - r tokens left); rows[r, c]:
-    verify rows it adds there (optional). A step at root r commits accepted + 1 tokens (the bonus token is the
-    next root), so the next step's root is r + accepted + 1; a step that reaches the output's end commits
-    only what is left, as decoding stops there. Returns per setting (tokens committed, steps, rows summed
-    over the steps).
+    verify rows (whole numbers) it adds there (optional). A step at root r commits accepted + 1 tokens (the
+    bonus token is the next root), so the next step's root is r + accepted + 1; a step that reaches the output's
+    end commits only what is left, as decoding stops there. Returns per setting the tokens committed, the
+    steps, and steps[c, x]: how many of setting c's steps added x rows (one column, x = 0, without `rows`).
 
     Averaging acceptance over every position instead would over-weight runs of easy tokens (a copied
     stretch of 8 is crossed in one step but holds 8 positions), which is exactly where prompt lookup shines."""
@@ -116,19 +136,18 @@ def walk(accepted: torch.Tensor, rows: torch.Tensor | None = None) -> tuple[torc
     at = torch.zeros(settings, dtype=torch.long)
     cols = torch.arange(settings)
     tokens = torch.zeros(settings, dtype=torch.float64)
-    steps = torch.zeros(settings, dtype=torch.float64)
-    added = torch.zeros(settings, dtype=torch.float64)
+    bins = int(rows.max()) + 1 if rows is not None and rows.numel() else 1
+    spread = torch.zeros(settings, bins, dtype=torch.float64)
     alive = torch.ones(settings, dtype=torch.bool)
     while bool(alive.any()):
         here = at.clamp(max=count - 1)
         a = accepted[here, cols]
         tokens += torch.where(alive, torch.minimum(a + 1, count - at), 0)  # the last step stops at the end
-        steps += alive
-        if rows is not None:
-            added += torch.where(alive, rows[here, cols], 0)
+        x = rows[here, cols].long() if rows is not None else torch.zeros(settings, dtype=torch.long)
+        spread[cols, x] += alive.double()
         at = at + a + 1
         alive &= at < count
-    return tokens, steps, added
+    return tokens, spread.sum(1), spread
 
 
 def setting_of(row: dict) -> Setting:
@@ -145,4 +164,5 @@ def finalists(ranked: list[dict], default: dict | None, n: int, extra: list[dict
 
 def run_name(s: Setting, fallback_after: int) -> str:
     lookup = f"+lookup{s.lookup_tokens}x{s.lookup_branches}+{s.datastore_branches}" if s.lookup_tokens else ""
+    lookup += f"/rows{s.max_verify_rows}" if s.max_verify_rows else ""
     return f"{s.beam_width}x{s.draft_length}x{s.total_tokens}{lookup}/fallback{fallback_after}"

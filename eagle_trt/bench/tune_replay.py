@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from eagle_trt.bench.tune_choice import LOOKUP_OFF, Setting, walk
+from eagle_trt.bench.tune_choice import LOOKUP_OFF, Setting, row_caps, walk
 
 def _candidates(drafter, k: int, depth: int):
     """The full dynamic tree's candidates (no size cut): (scores, parents, depths, tokens) in creation order."""
@@ -74,48 +74,74 @@ def replay(session, seq: list[int], roots: list[int], settings: list[Setting]) -
     return out, state
 
 
-def lookup_replay(seq: list[int], prompt_len: int, roots: list[int], grid: list[tuple[int, int, int]],
-                  datastore=None) -> dict[int, dict[tuple[int, int, int], tuple[int, int]]]:
-    """For each root position and lookup setting of `grid`: (tokens the copies get accepted, verify rows they
-    add) when the runtime grafts them there. The copies are the runtime's own (`copied_chains` over the
-    context seq[:root + 1] and `datastore`); rows count the copies' distinct prefixes, not the nodes they may
-    share with the head's tree (an upper bound of one or two rows)."""
-    from eagle_trt.speculative.lookup import NgramIndex, copied_chains, matched, trie_size
+def lookup_replay(seq: list[int], prompt_len: int, roots: list[int], keys: list[tuple[tuple[int, int, int], int | None]],
+                  datastore=None) -> dict[int, dict[tuple, tuple[int, int]]]:
+    """For each root position and (lookup setting, copy budget) of `keys`: (tokens the copies get accepted, verify
+    rows they add) when the runtime grafts them there. The copies are the runtime's own (`copied_chains` over the
+    context seq[:root + 1] and `datastore`, cut by `within_rows` to the budget; None = no cut); rows count the
+    copies' distinct prefixes, not the nodes they may share with the head's tree (an upper bound of one or two
+    rows)."""
+    from eagle_trt.speculative.lookup import NgramIndex, copied_chains, matched, trie_size, within_rows
 
     index = NgramIndex()
     index.extend(seq[:prompt_len])
+    by_lookup: dict[tuple[int, int, int], list] = {}
+    for lk, budget in dict.fromkeys(keys):
+        by_lookup.setdefault(lk, []).append(budget)
     out = {}
     for n in sorted(set(roots)):
         index.extend(seq[len(index.tokens): n + 1])
         continuation = seq[n + 1:]
         res = {}
-        for lk in grid:
+        for lk, budgets in by_lookup.items():
             if lk[0] <= 0:
-                res[lk] = (0, 0)
+                res.update({(lk, b): (0, 0) for b in budgets})
                 continue
-            chains, more = copied_chains(index, datastore, *lk)
-            res[lk] = (max((matched(c, continuation) for c in chains + more), default=0), trie_size(chains + more))
+            found = copied_chains(index, datastore, *lk)
+            for b in budgets:
+                chains, more = within_rows(*found, b)
+                res[(lk, b)] = (max((matched(c, continuation) for c in chains + more), default=0),
+                                trie_size(chains + more))
         out[n] = res
     return out
 
 
+def scored_settings(settings: list[Setting], grid: list[tuple[int, int, int]], caps: list[int] = ()) -> list[Setting]:
+    """Every setting calibration scores: each head tree with each lookup setting and, where it matters, each row
+    cap (`row_caps`)."""
+    return [s.plus(lk, c) for s in settings for lk in grid for c in (row_caps(s, lk, caps) if lk[0] > 0 else [0])]
+
+
+def _add(total: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:
+    """total + part for [settings, bins] counts whose bin counts differ (the shorter is padded with zeros)."""
+    if total is None:
+        return part
+    width = max(total.shape[1], part.shape[1])
+    pad = torch.nn.functional.pad
+    return pad(total, (0, width - total.shape[1])) + pad(part, (0, width - part.shape[1]))
+
+
 def calibrate(session, encoded: list[list[int]], max_new_tokens: int, positions: int, settings: list[Setting],
-              grid: list[tuple[int, int, int]] = (LOOKUP_OFF,), progress: Callable[[str], None] | None = None
-              ) -> tuple[dict[Setting, float], dict[Setting, float], dict]:
-    """Measured tau per head setting x lookup setting (`grid`) by replay over the calibration prompts, the mean
-    verify rows the copies add per step, and one drafter state (prefix length, root, sequence) for the timing
-    measurements.
+              grid: list[tuple[int, int, int]] = (LOOKUP_OFF,), progress: Callable[[str], None] | None = None,
+              caps: list[int] = ()) -> tuple[dict[Setting, float], dict[Setting, dict[int, float]], dict]:
+    """Measured tau per head setting x lookup setting (`grid`) x row cap (`caps`, see `row_caps`) by replay over
+    the calibration prompts, the share of steps whose copies add each number of verify rows ({rows: share}),
+    and one drafter state (prefix length, root, sequence) for the timing measurements.
 
     positions <= 0: every position is replayed and each setting's steps follow the runtime's own path (`walk`),
     so tau is what decoding those prompts would measure. positions > 0: that many evenly spaced positions per
     prompt, averaged (faster; optimistic where acceptance comes in runs)."""
     runner = session.runner
     grid = list(dict.fromkeys([LOOKUP_OFF, *grid]))
+    scored = scored_settings(settings, grid, caps)
+    head_of = {s: i for i, s in enumerate(settings)}
+    keys = list(dict.fromkeys((s.lookup, s.copy_budget) for s in scored))
+    head_col = torch.tensor([head_of[s.tree] for s in scored])
+    copy_col = torch.tensor([keys.index((s.lookup, s.copy_budget)) for s in scored])
     max_depth = max(s.draft_length for s in settings)
     ahead = max(max_depth, *(lk[0] for lk in grid))
-    shape = (len(settings), len(grid))
-    tokens, steps, added = (torch.zeros(shape, dtype=torch.float64) for _ in range(3))
-    state, count = None, 0
+    tokens = torch.zeros(len(scored), dtype=torch.float64)
+    spread, state, count = None, None, 0
     for i, ids in enumerate(encoded):
         ar = runner.generate(ids, session.decode_options(mode="ar", max_new_tokens=max_new_tokens, tuned=False))
         seq = list(ids) + ar.token_ids
@@ -129,22 +155,20 @@ def calibrate(session, encoded: list[list[int]], max_new_tokens: int, positions:
             continue
         per_root, state = replay(session, seq, roots, settings)  # the last prompt's state stays usable
         state["prompt_len"] = len(ids)
-        copies = lookup_replay(seq, len(ids), roots, grid, getattr(runner, "datastore", None))
-        head = torch.tensor([[per_root[n][s] for s in settings] for n in roots])
-        copied = torch.tensor([[copies[n][lk][0] for lk in grid] for n in roots])
-        rows = torch.tensor([[copies[n][lk][1] for lk in grid] for n in roots], dtype=torch.float64)
+        copies = lookup_replay(seq, len(ids), roots, keys, getattr(runner, "datastore", None))
+        head = torch.tensor([[per_root[n][s] for s in settings] for n in roots])[:, head_col]
+        copied = torch.tensor([[copies[n][k][0] for k in keys] for n in roots])[:, copy_col]
+        rows = torch.tensor([[copies[n][k][1] for k in keys] for n in roots])[:, copy_col]
         # A step accepts the longer of the head's path and the best copy (both are paths of the one tree).
-        accepted = torch.maximum(head[:, :, None], copied[:, None, :])  # [roots, settings, grid]
-        rows = rows[:, None, :].expand_as(accepted)
+        accepted = torch.maximum(head, copied)  # [roots, scored settings]
         if positions > 0:
             tokens += (accepted + 1).sum(0)
-            steps += len(roots)
-            added += rows.sum(0)
+            part = torch.zeros(len(scored), int(rows.max()) + 1, dtype=torch.float64)
+            part.scatter_add_(1, rows.t(), torch.ones(rows.t().shape, dtype=torch.float64))
         else:
-            t, n, r = walk(accepted.reshape(len(roots), -1), rows.reshape(len(roots), -1))
-            tokens += t.view(shape)
-            steps += n.view(shape)
-            added += r.view(shape)
+            t, _, part = walk(accepted, rows)
+            tokens += t
+        spread = _add(spread, part)
         count += len(roots)
         if progress:
             progress(f"calibration prompt {i + 1}/{len(encoded)}: {len(roots)} positions")
@@ -153,6 +177,8 @@ def calibrate(session, encoded: list[list[int]], max_new_tokens: int, positions:
 
         raise InputError("no calibration position: the prompts' AR outputs are shorter than the tree depth",
                          hint="raise --max-new-tokens or lower --max-depth")
-    taus = {s.plus(lk): float(tokens[i, j] / steps[i, j]) for i, s in enumerate(settings) for j, lk in enumerate(grid)}
-    rows = {s.plus(lk): float(added[i, j] / steps[i, j]) for i, s in enumerate(settings) for j, lk in enumerate(grid)}
-    return taus, rows, {**state, "positions": count}
+    steps = spread.sum(1)
+    taus = {s: float(tokens[j] / steps[j]) for j, s in enumerate(scored)}
+    shares = {s: {int(x): float(spread[j, x] / steps[j]) for x in spread[j].nonzero().flatten().tolist()}
+              for j, s in enumerate(scored)}
+    return taus, shares, {**state, "positions": count}

@@ -37,6 +37,7 @@ def store_tuned(engine_root: str | Path, best: dict, info: dict | None = None) -
     data["lookup_tokens"] = int(best.get("lookup_tokens", 0))
     data["lookup_branches"] = int(best.get("lookup_branches", 1))
     data["datastore_branches"] = int(best.get("datastore_branches", 0))
+    data["max_verify_rows"] = int(best.get("max_verify_rows", 0))
     if "fallback_after" in best:
         data["fallback_after"] = int(best["fallback_after"])
         data["measured_by_variant"] = best["measured_by_variant"]

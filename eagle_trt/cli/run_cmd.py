@@ -46,6 +46,9 @@ def run(
     datastore_branches: Annotated[Optional[int], typer.Option(
         help="More copied continuations from the draft's datastore (engines built with one), the most frequent "
              "after the last tokens; 0 = off. Default: the engine's.")] = None,
+    max_verify_rows: Annotated[Optional[int], typer.Option(
+        help="Cut the copies so one verify pass holds at most this many tokens (root + tree + copies); 0 = no "
+             "cut. Default: the engine's (tuned).")] = None,
     temperature: Annotated[float, typer.Option(
         help="Sampling temperature; 0 = greedy. At T > 0 the tree is verified by multi-branch rejection "
              "sampling: the output distribution equals the target's exactly.")] = 0.0,
@@ -76,8 +79,8 @@ def run(
                     posterior_threshold=posterior_threshold, fallback_after=fallback_after,
                     fallback_tokens=fallback_tokens)
     handle_errors(_run)(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, total_tokens,
-                        confidence_threshold, (lookup_tokens, lookup_branches, datastore_branches), chat, json_out,
-                        skip_verify, sampling)
+                        confidence_threshold, (lookup_tokens, lookup_branches, datastore_branches, max_verify_rows),
+                        chat, json_out, skip_verify, sampling)
 
 
 def _check_sampling(s: dict) -> None:
@@ -106,8 +109,10 @@ def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, t
                         ("--beam-width", beam_width), ("--total-tokens", total_tokens)):
         if value is not None and value < 1:
             raise InputError(f"{name} must be >= 1, got {value}")
-    lookup_tokens, lookup_branches, datastore_branches = lookup
+    lookup_tokens, lookup_branches, datastore_branches, max_verify_rows = lookup
     check_lookup(lookup_tokens, lookup_branches, datastore_branches)
+    if max_verify_rows is not None and max_verify_rows < 0:
+        raise InputError(f"--max-verify-rows must be >= 0 (0 = no cut), got {max_verify_rows}")
     if confidence_threshold is not None and not 0 <= confidence_threshold < 1:
         raise InputError(f"--confidence-threshold must be in [0, 1), got {confidence_threshold}")
     _check_sampling(sampling)
@@ -120,6 +125,7 @@ def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, t
                                   beam_width=beam_width, total_tokens=total_tokens,
                                   confidence_threshold=confidence_threshold, lookup_tokens=lookup_tokens,
                                   lookup_branches=lookup_branches, datastore_branches=datastore_branches,
+                                  max_verify_rows=max_verify_rows,
                                   **sampling)
     ids = session.encode(prompt, chat=chat)
     stream = TextStream(session.tokenizer)

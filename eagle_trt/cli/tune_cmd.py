@@ -46,6 +46,9 @@ def tune(
         help="Copies from the context per step considered, comma-separated.")] = "1,2,3,4",
     datastore_branches: Annotated[str, typer.Option(
         help="Copies from the engine's datastore per step considered, comma-separated (engines with one).")] = "0,1,2",
+    max_verify_rows: Annotated[str, typer.Option(
+        help="Caps on one verify pass's tokens (root + tree + copies) considered, comma-separated; the copies are "
+             "cut to fit. 0 = no cap. A cap pays where the verify cost jumps (bf16 on CPU: at 33 rows).")] = "0,16,24,32",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the choice without storing it.")] = False,
     top: Annotated[int, typer.Option(help="Rows of the ranking to print.")] = 10,
     json_out: JsonOpt = False,
@@ -65,7 +68,8 @@ def tune(
     Example: eagle-trt tune --engine engines/smollm2-135m-eagle3
     """
     handle_errors(_tune)(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, threads, validate,
-                         validate_repeats, (lookup_tokens, lookup_branches, datastore_branches), dry_run, top, json_out,
+                         validate_repeats, (lookup_tokens, lookup_branches, datastore_branches, max_verify_rows), dry_run, top,
+                         json_out,
                          skip_verify)
 
 
@@ -88,8 +92,10 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
     beam_list = _int_list("--beams", beams)
     if validate < 0:
         raise InputError(f"--validate must be >= 0, got {validate}")
-    lookup_tokens, lookup_branches, datastore_branches = (_int_list(name, value) for name, value in zip(
-        ("--lookup-tokens", "--lookup-branches", "--datastore-branches"), lookup))
+    lookup_tokens, lookup_branches, datastore_branches, caps = (_int_list(name, value) for name, value in zip(
+        ("--lookup-tokens", "--lookup-branches", "--datastore-branches", "--max-verify-rows"), lookup))
+    if any(c < 0 for c in caps):
+        raise InputError(f"--max-verify-rows must list integers >= 0 (0 = no cap), got {lookup[3]!r}")
     for t in lookup_tokens:
         check_lookup(t, None)
     for b in lookup_branches:
@@ -114,7 +120,7 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
     result = tune_engine(session, encoded, max_new_tokens, positions, max_depth, beam_list, progress=progress,
                          validate=validate, validate_repeats=validate_repeats,
                          lookup_tokens=lookup_tokens, lookup_branches=lookup_branches,
-                         datastore_branches=datastore_branches)
+                         datastore_branches=datastore_branches, max_verify_rows=caps or [0])
     best, default, validation = result["best"], result["default"], result["validation"]
     if validation and validation["mismatches"]:
         # A speculative output differed from plain decoding: never store settings from a broken run.
@@ -161,7 +167,7 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
         line = (f"best: beam_width={best['beam_width']} draft_length={best['draft_length']} "
                 f"total_tokens={best['total_tokens']} fallback_after={best['fallback_after']} "
                 f"lookup_tokens={best['lookup_tokens']} lookup_branches={best['lookup_branches']} "
-                f"datastore_branches={best['datastore_branches']} "
+                f"datastore_branches={best['datastore_branches']} max_verify_rows={best['max_verify_rows']} "
                 f"({best['measured_tokens_per_second']:.1f} tok/s measured, "
                 f"{best['measured_tokens_per_second'] / validation['ar_tokens_per_second']:.2f}x AR")
         if default:
@@ -195,4 +201,5 @@ def _lookup_label(row: dict) -> str:
     """Lookup setting as copy length x context branches + datastore branches ("off" when lookup is off)."""
     if not row["lookup_tokens"]:
         return "off"
-    return f"{row['lookup_tokens']}x{row['lookup_branches']}+{row['datastore_branches']}"
+    cap = f" ≤{row['max_verify_rows']}" if row.get("max_verify_rows") else ""
+    return f"{row['lookup_tokens']}x{row['lookup_branches']}+{row['datastore_branches']}{cap}"

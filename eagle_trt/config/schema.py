@@ -103,6 +103,12 @@ class EagleConfig(BaseModel):
         "training data holds, in addition to the context's: the most frequent ones after the last 2-4 tokens. "
         "Used only by engines whose draft/ has a datastore.safetensors and with lookup_tokens > 0; 0 = off.",
     )
+    max_verify_rows: int = Field(
+        0, ge=0, le=4096,
+        description="Cut the prompt-lookup copies so that one verify pass holds at most this many tokens (the root, "
+        "the draft tree and the copies); 0 = no cut. Verify cost can jump at a row count (bf16 on CPU: every 32 "
+        "rows take another pass over the weights); `eagle-trt tune` chooses it.",
+    )
     max_batch_size: int = Field(1, ge=1, description="Largest batch the engine accepts.")
     max_input_len: int = Field(2048, ge=1, description="Longest prompt in tokens.")
     max_output_len: int = Field(512, ge=1, description="Most tokens generated per request.")

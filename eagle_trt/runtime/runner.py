@@ -23,7 +23,7 @@ from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.runtime.drafter import Drafter
 from eagle_trt.runtime.metrics import GenerationMetrics, StepRecord
 from eagle_trt.speculative.datastore import Datastore
-from eagle_trt.speculative.lookup import NgramIndex, copied_chains, graft
+from eagle_trt.speculative.lookup import NgramIndex, copied_chains, graft, within_rows
 from eagle_trt.speculative.sampling import SamplingParams, processed_probs, sample
 from eagle_trt.speculative.tree import (DEFAULT_STATIC_TREE, Tree, chain_choices, static_layout, tree_from_parents,
                                         trim_choices)
@@ -55,6 +55,8 @@ class DecodeOptions:
     lookup_tokens: int = 0
     lookup_branches: int = 1  # distinct copied continuations per tree (each up to lookup_tokens long)
     datastore_branches: int = 0  # more continuations from the runner's datastore, if it has one
+    # Verify rows (root + head's tree + copies) the copies may fill up to; copies are cut to fit (0 = no cap).
+    max_verify_rows: int = 0
 
     @property
     def sampling(self) -> SamplingParams:
@@ -216,8 +218,11 @@ class Runner:
             # Node indices: the head's nodes first, then the context's copies, then the datastore's.
             drafted = copied = tree.tokens.numel()
             if index is not None:
-                tree, copied = with_lookup(tree, *copied_chains(index, self.datastore, opts.lookup_tokens,
-                                                                 opts.lookup_branches, opts.datastore_branches))
+                chains = copied_chains(index, self.datastore, opts.lookup_tokens, opts.lookup_branches,
+                                       opts.datastore_branches)
+                if opts.max_verify_rows > 0:
+                    chains = within_rows(*chains, max(opts.max_verify_rows - tree.tokens.numel(), 0))
+                tree, copied = with_lookup(tree, *chains)
             t_verify = time.perf_counter()
             # One target forward over root + tree; node i sits at position n + depth(i).
             hidden, aux = self.target.hidden_states(tree.tokens, tree.positions(n), self.cache, tree.mask,

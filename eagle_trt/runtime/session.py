@@ -87,7 +87,7 @@ class Session:
             total_tokens=cfg.total_tokens, confidence_threshold=cfg.confidence_threshold,
             static_tree=cfg.static_tree, max_new_tokens=min(128, cfg.max_output_len),
             lookup_tokens=cfg.lookup_tokens, lookup_branches=cfg.lookup_branches,
-            datastore_branches=cfg.datastore_branches,
+            datastore_branches=cfg.datastore_branches, max_verify_rows=cfg.max_verify_rows,
         )
         if tuned:
             opts.update(self.tuned)
@@ -115,9 +115,9 @@ class Session:
 
 TUNED_NAME = "tuned.json"
 TUNED_KEYS = ("tree", "draft_length", "beam_width", "total_tokens", "fallback_after", "lookup_tokens",
-              "lookup_branches", "datastore_branches")
+              "lookup_branches", "datastore_branches", "max_verify_rows")
 _TUNED_MIN = {"draft_length": 1, "beam_width": 1, "total_tokens": 1, "fallback_after": 0, "lookup_tokens": 0,
-              "lookup_branches": 1, "datastore_branches": 0}
+              "lookup_branches": 1, "datastore_branches": 0, "max_verify_rows": 0}
 
 
 def read_tuned(root: str | Path, manifest) -> dict:

@@ -70,6 +70,30 @@ def copied_chains(index: NgramIndex, datastore, tokens: int, branches: int,
     return chains, [c for c in extra if c not in chains][:datastore_branches]
 
 
+def within_rows(chains: list[list[int]], more: list[list[int]], budget: int | None
+                ) -> tuple[list[list[int]], list[list[int]]]:
+    """The copies cut so that together they add at most `budget` nodes (their distinct prefixes, `trie_size`):
+    in priority order (`chains`, then `more`), each keeps its longest prefix that still fits. None = no cut.
+
+    Why: a verify forward's cost is not smooth in its rows. The bf16 projections run in chunks of
+    `INVARIANT_ROWS` (models/gemm.py), so one row past a chunk boundary pays another pass over every weight.
+    The cut ignores rows a copy shares with the head's tree (a copy adds at most what is counted here), so
+    `tune` replays it exactly without the head's tree."""
+    if budget is None:
+        return chains, more
+    seen: set[tuple[int, ...]] = set()
+    kept: list[list[list[int]]] = [[], []]
+    for side, group in enumerate((chains, more)):
+        for chain in group:
+            n = 0
+            while n < len(chain) and (tuple(chain[:n + 1]) in seen or len(seen) < budget):
+                seen.add(tuple(chain[:n + 1]))
+                n += 1
+            if n:
+                kept[side].append(chain[:n])
+    return kept[0], kept[1]
+
+
 def trie_size(chains: list[list[int]]) -> int:
     """Nodes the chains add below an empty root: their distinct prefixes."""
     return len({tuple(c[:i]) for c in chains for i in range(1, len(c) + 1)})
