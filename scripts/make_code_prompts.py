@@ -2,6 +2,8 @@
 Python's own standard library, in the shape of a HumanEval problem but never one of them.
 
     python scripts/make_code_prompts.py --output data/code_prompts.jsonl --count 400
+    # held out from the head's training (the next 24 of the same shuffle): calibration for `eagle-trt tune`
+    python scripts/make_code_prompts.py --output data/code_calibration.jsonl --count 24 --offset 400
 
 Each line is `{"prompt": "<imports>\\n\\ndef f(...):\\n    \"\"\"doc\"\"\"\\n", "chat": false}`: the target
 continues the code as a plain completion (no chat template), which is how `bench --prompts humaneval`
@@ -52,6 +54,7 @@ def main() -> None:
     ap.add_argument("--output", required=True)
     ap.add_argument("--count", type=int, default=400)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--offset", type=int, default=0, help="skip this many of the shuffled stubs first")
     args = ap.parse_args()
     root = Path(sysconfig.get_paths()["stdlib"])
     stubs: list[str] = []
@@ -61,7 +64,7 @@ def main() -> None:
         stubs += _stubs(path)
     stubs = sorted(set(stubs))
     random.Random(args.seed).shuffle(stubs)
-    stubs = stubs[: args.count]
+    stubs = stubs[args.offset: args.offset + args.count]
     with open(args.output, "w") as f:
         for s in stubs:
             f.write(json.dumps({"prompt": s, "chat": False}) + "\n")

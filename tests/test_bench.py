@@ -152,6 +152,23 @@ def test_prompt_sets():
     assert he[0].id == "HumanEval/0" and he[0].text.startswith("from typing import List") and not he[0].chat
 
 
+def test_several_prompt_sets_join_each_cut_to_the_limit(tmp_path):
+    import json as _json
+    from pathlib import Path
+
+    code = tmp_path / "code.jsonl"
+    code.write_text("".join(_json.dumps({"prompt": f"def f{i}():\n", "chat": False}) + "\n" for i in range(5)))
+    both = load_prompts(f"chat,{code}", 3)
+    assert [p.id for p in both] == ["chat:writing-01", "chat:coding-01", "chat:reasoning-01", "code:p001",
+                                    "code:p002", "code:p003"]
+    assert [p.chat for p in both] == [True] * 3 + [False] * 3
+    # The shipped held-out code calibration set: none of its stubs is in the demo head's training prompts.
+    repo = Path(__file__).resolve().parents[1]
+    held = {p.text for p in load_prompts(str(repo / "data" / "code_calibration.jsonl"))}
+    train = {p.text for p in load_prompts(str(repo / "data" / "code_prompts.jsonl"))}
+    assert len(held) == 24 and not held & train
+
+
 def test_prompt_file_errors(tmp_path):
     from eagle_trt.errors import InputError
 

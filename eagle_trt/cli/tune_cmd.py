@@ -26,8 +26,10 @@ from eagle_trt.errors import EagleError, InputError
 
 def tune(
     engine: EngineOpt,
-    prompts: Annotated[str, typer.Option(help="Calibration prompts: chat, humaneval or a .jsonl file.")] = "chat",
-    limit: Annotated[int, typer.Option(help="Calibration prompts used (round-robin over categories).")] = 6,
+    prompts: Annotated[str, typer.Option(
+        help="Calibration prompts: chat, humaneval or a .jsonl file, or several comma-separated (e.g. "
+             "chat,data/code_calibration.jsonl: code stubs held out from the demo head's training).")] = "chat",
+    limit: Annotated[int, typer.Option(help="Calibration prompts used per set (round-robin over categories).")] = 6,
     max_new_tokens: Annotated[int, typer.Option(help="AR tokens generated per calibration prompt.")] = 64,
     positions: Annotated[int, typer.Option(
         help="Draft positions scored per prompt: 0 = every one, with each setting's steps following the path "
