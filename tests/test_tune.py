@@ -16,6 +16,7 @@ from eagle_trt.bench.tune_choice import (
     lookup_grid,
     predict_tps,
 )
+from eagle_trt.bench.stats import interpolate
 from eagle_trt.bench.tune_replay import accepted_lengths
 from eagle_trt.cli.app import app
 
@@ -387,3 +388,36 @@ def test_unlisted_tuned_json_is_ignored(engine, tmp_path):
     write_manifest(m.model_copy(update={"files": files}), copy)
     (copy / "tuned.json").write_text(json.dumps({"total_tokens": 3, "draft_length": 1, "beam_width": 1}))
     assert Session.open(copy, verify=False).decode_options().total_tokens == 32
+
+
+def test_a_fixed_step_cost_favours_settings_that_commit_more_per_step():
+    """The measured per-step overhead enters every prediction; a large one tips the ranking to the higher tau."""
+    draft, extend, verify = {(2, 1): 1.0, (4, 3): 3.0}, {1: 0.0, 8: 0.0}, {1: 10.0, 16: 20.0}
+    small, big = Setting(2, 1, 2), Setting(4, 3, 12)
+    taus = {small: 1.6, big: 2.6}
+    assert choose(taus, verify, draft, extend)[0]["total_tokens"] == 2  # 1.6 per 12.3 ms beats 2.6 per 21 ms
+    ranked = choose(taus, verify, draft, extend, step_ms=20.0)
+    assert ranked[0]["total_tokens"] == 12 and ranked[0]["step_ms"] == 20.0
+    assert ranked[0]["predicted_tokens_per_second"] == pytest.approx(
+        predict_tps(2.6, 3.0, 0.0, interpolate({1: 10.0, 16: 20.0}, 13), 0.0, 20.0))
+
+
+def test_step_overhead_is_what_the_model_leaves_out(tiny_checkpoint, tmp_path):
+    """On a real decode the overhead is the measured time per step minus the model's prediction for those
+    steps: with a model that charges nothing it is the whole step time; it is never negative."""
+    from conftest import build_tiny_engine
+
+    from eagle_trt.bench.tune import measure_step_overhead
+    from eagle_trt.runtime.session import Session
+
+    session = Session.open(build_tiny_engine(tiny_checkpoint, tmp_path), verify=False)
+    ids = session.encode("Hello world")
+    seq = ids + session.runner.generate(ids, session.decode_options(mode="ar", max_new_tokens=16,
+                                                                    tuned=False)).token_ids
+    state = {"seq": seq, "prompt_len": len(ids)}
+    tree = Setting(2, 2, 4)
+    free = {"draft_ms": {(2, 2): 0.0}, "extend_ms": {1: 0.0, 8: 0.0}, "verify_ms": {1: 0.0, 64: 0.0}}
+    whole = measure_step_overhead(session, state, free, tree, 16, reps=1)
+    assert whole > 0
+    costly = {**free, "verify_ms": {1: 1e4, 64: 1e4}}
+    assert measure_step_overhead(session, state, costly, tree, 16, reps=1) == 0.0

@@ -2,7 +2,7 @@
 
 Expected tokens/s of a setting (beam width k, depth d, total tokens N, lookup L) is
 
-    tau / (draft(k, d) + extend(tau) + lookup(L) + mean over steps of verify(N + 1 + rows))
+    tau / (draft(k, d) + extend(tau) + lookup(L) + mean over steps of verify(N + 1 + rows) + other)
 
 where verify(T) is the measured target forward over T tokens (the verify-cost curve), draft(k, d) the
 measured time to grow a tree, extend(n) the measured time to feed n accepted tokens back to the head,
@@ -22,10 +22,12 @@ copy gets accepted and how many verify rows the copies add. A step accepts the l
 and the copies', and verifies N + 1 + those rows; its cost is read off the curve at that size, step by
 step, since the curve has jumps (bf16's 32-row chunks) that a cost at the mean size would hide.
 
-The model leaves out per-step work it does not time (tree bookkeeping, mask building, KV compaction, token
-emission) and the plain-decoding fallback after repeated misses, so the few best-predicted settings, the
-best one without lookup and the build default are then *run* on the calibration prompts, each with the
-fallback on and off, interleaved over repeats (`measure_end_to_end`), and the fastest measured wins.
+`other` is the per-step work the terms leave out (tree bookkeeping, mask building, KV compaction, token
+emission), measured once as the gap between one real decode's time per step and the model's prediction
+for those steps (`measure_step_overhead`). The model still leaves out the plain-decoding fallback after
+repeated misses and any cost that differs between settings beyond those terms, so the few best-predicted
+settings, the best one without lookup and the build default are then *run* on the calibration prompts, each
+with the fallback on and off, interleaved over repeats (`measure_end_to_end`), and the fastest measured wins.
 The same runs check every speculative output against plain AR decoding.
 
 Split by concept: `tune_choice` (settings, walk, ranking: pure), `tune_replay` (acceptance by replay),
@@ -36,6 +38,7 @@ the costs, runs the finalists end to end and ties it together.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import asdict
 from typing import Callable
@@ -107,6 +110,30 @@ def measure_costs(session, state: dict, settings: list[Setting], reps: int = 3,
     verify = {t: s * 1e3 for t, s in forward_curve(runner.target, default_sizes(max_tree), context, reps).items()}
     return {"draft_ms": draft, "extend_ms": extend, "verify_ms": verify, "lookup_ms": lookup,
             "context_tokens": context}
+
+
+def measure_step_overhead(session, state: dict, costs: dict, tree: Setting, max_new_tokens: int,
+                          reps: int = 3) -> float:
+    """Milliseconds per step that the cost model leaves out: tree building, verification bookkeeping, KV
+    compaction, emitting tokens, the head's catch-up on the prompt spread over the steps.
+
+    Decodes the replay prompt with `tree` (lookup and fallback off) and compares its time per step with what
+    the model predicts for those very steps, each at its own size and acceptance. Median over `reps`, >= 0."""
+    runner = session.runner
+    prompt = state["seq"][: state["prompt_len"]]
+    opts = session.decode_options(tree="dynamic", beam_width=tree.beam_width, draft_length=tree.draft_length,
+                                  total_tokens=tree.total_tokens, lookup_tokens=0, fallback_after=0,
+                                  max_new_tokens=max_new_tokens, tuned=False)
+    draft = costs["draft_ms"][(tree.beam_width, tree.draft_length)]
+    gaps = []
+    for _ in range(reps):
+        m = runner.generate(prompt, opts).metrics
+        if not m.steps:
+            return 0.0
+        model = sum(draft + interpolate(costs["extend_ms"], st.accepted + 1)
+                    + interpolate(costs["verify_ms"], st.tree_size + 1) for st in m.steps) / len(m.steps)
+        gaps.append((m.total_s - m.prefill_s) * 1e3 / len(m.steps) - model)
+    return max(statistics.median(gaps), 0.0)
 
 
 def measure_end_to_end(session, encoded: list[list[int]], max_new_tokens: int, settings: list[Setting],
@@ -196,7 +223,9 @@ def tune_engine(session, encoded: list[list[int]], max_new_tokens: int = 64, pos
     if progress:
         progress("measuring draft, head-update, lookup and verify costs")
     costs = measure_costs(session, state, settings, reps, grid, max((max(r) for r in rows.values() if r), default=0))
-    ranked = choose(taus, costs["verify_ms"], costs["draft_ms"], costs["extend_ms"], rows, costs["lookup_ms"])
+    step_ms = measure_step_overhead(session, state, costs, default.tree, max_new_tokens, reps)
+    ranked = choose(taus, costs["verify_ms"], costs["draft_ms"], costs["extend_ms"], rows, costs["lookup_ms"],
+                    step_ms)
     by_setting = {setting_of(r): r for r in ranked}
     best, validation = ranked[0], None
     if validate > 0:
@@ -225,7 +254,7 @@ def tune_engine(session, encoded: list[list[int]], max_new_tokens: int = 64, pos
         "ar_predicted_tokens_per_second": 1e3 / interpolate(verify, 1),
         "measured": {"positions": state["positions"], "prompts": len(encoded), "max_new_tokens": max_new_tokens,
                      "threads": torch.get_num_threads(), "context_tokens": costs["context_tokens"],
-                     "verify_ms": verify, "extend_ms": costs["extend_ms"],
+                     "verify_ms": verify, "extend_ms": costs["extend_ms"], "step_overhead_ms": step_ms,
                      "draft_ms": {f"{k}x{d}": v for (k, d), v in costs["draft_ms"].items()},
                      "lookup_ms": {f"{t}x{b}+{ds}": v for (t, b, ds), v in costs["lookup_ms"].items()},
                      "lookup_grid": len(grid), "datastore": has_store,

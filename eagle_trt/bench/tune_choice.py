@@ -84,14 +84,15 @@ def candidate_settings(beams: list[int], max_depth: int, room: int, totals=TOTAL
     return sorted(out)
 
 
-def predict_tps(tau: float, draft_ms: float, extend_ms: float, verify_ms: float, lookup_ms: float = 0.0) -> float:
-    step = draft_ms + extend_ms + verify_ms + lookup_ms
+def predict_tps(tau: float, draft_ms: float, extend_ms: float, verify_ms: float, lookup_ms: float = 0.0,
+                other_ms: float = 0.0) -> float:
+    step = draft_ms + extend_ms + verify_ms + lookup_ms + other_ms
     return 1e3 * tau / step if step > 0 else 0.0
 
 
 def choose(taus: dict[Setting, float], verify_ms: dict[int, float], draft_ms: dict[tuple[int, int], float],
            extend_ms: dict[int, float], lookup_rows: dict[Setting, float | dict[int, float]] | None = None,
-           lookup_ms: dict[tuple, float] | None = None) -> list[dict]:
+           lookup_ms: dict[tuple, float] | None = None, step_ms: float = 0.0) -> list[dict]:
     """Rank settings by predicted tokens/s (best first; ties go to the smaller tree, then to less lookup).
 
     taus: measured tau per setting; verify_ms: forward ms per token count (root included);
@@ -99,7 +100,9 @@ def choose(taus: dict[Setting, float], verify_ms: dict[int, float], draft_ms: di
     lookup_rows: verify rows a setting's copies add per step, either the mean or, better, the share of steps
     adding each row count ({rows: share}): a step's verify cost is read off the curve at its own size, so
     a curve with a step in it (bf16's 32-row chunks) is charged where the steps land, not at their mean;
-    lookup_ms: ms to find and graft the copies of a lookup setting (both 0 with lookup off)."""
+    lookup_ms: ms to find and graft the copies of a lookup setting (both 0 with lookup off); step_ms: the rest of
+    a step, the same for every setting (bookkeeping the terms above leave out; `tune.measure_step_overhead`).
+    A fixed cost per step favours settings that commit more tokens per step."""
     ranked = []
     for s, tau in taus.items():
         if (s.beam_width, s.draft_length) not in draft_ms:
@@ -113,7 +116,8 @@ def choose(taus: dict[Setting, float], verify_ms: dict[int, float], draft_ms: di
         e = interpolate(extend_ms, tau)
         d = draft_ms[(s.beam_width, s.draft_length)]
         ranked.append({**asdict(s), "tau": tau, "draft_ms": d, "extend_ms": e, "verify_ms": v, "lookup_rows": rows,
-                       "lookup_ms": lk, "predicted_tokens_per_second": predict_tps(tau, d, e, v, lk)})
+                       "lookup_ms": lk, "step_ms": step_ms,
+                       "predicted_tokens_per_second": predict_tps(tau, d, e, v, lk, step_ms)})
     ranked.sort(key=lambda r: (-r["predicted_tokens_per_second"], r["total_tokens"], r["beam_width"],
                                r["draft_length"], r["lookup_tokens"], r["lookup_branches"], r["datastore_branches"],
                                -r["max_verify_rows"]))

@@ -160,8 +160,8 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
     print_wide(table)  # thirteen columns: keep them whole in logs too
     m = result["measured"]
     console.print(f"measured on {m['positions']} positions of {m['prompts']} prompts, {m['threads']} threads, "
-                  f"in {m['seconds']:.0f}s; plain AR predicted {result['ar_predicted_tokens_per_second']:.1f} tok/s",
-                  soft_wrap=True)
+                  f"in {m['seconds']:.0f}s; per-step overhead {m['step_overhead_ms']:.1f} ms (in every prediction); "
+                  f"plain AR predicted {result['ar_predicted_tokens_per_second']:.1f} tok/s", soft_wrap=True)
     if validation:
         console.print(f"end to end ({validation['repeats']} repeats, median): plain AR "
                       f"{validation['ar_tokens_per_second']:.1f} tok/s; every speculative output matched it",
