@@ -135,9 +135,10 @@ def calibrate(session, encoded: list[list[int]], max_new_tokens: int, positions:
     grid = list(dict.fromkeys([LOOKUP_OFF, *grid]))
     scored = scored_settings(settings, grid, caps)
     head_of = {s: i for i, s in enumerate(settings)}
-    keys = list(dict.fromkeys((s.lookup, s.copy_budget) for s in scored))
+    key_of = {k: i for i, k in enumerate(dict.fromkeys((s.lookup, s.copy_budget) for s in scored))}
+    keys = list(key_of)
     head_col = torch.tensor([head_of[s.tree] for s in scored])
-    copy_col = torch.tensor([keys.index((s.lookup, s.copy_budget)) for s in scored])
+    copy_col = torch.tensor([key_of[(s.lookup, s.copy_budget)] for s in scored])
     max_depth = max(s.draft_length for s in settings)
     ahead = max(max_depth, *(lk[0] for lk in grid))
     tokens = torch.zeros(len(scored), dtype=torch.float64)
