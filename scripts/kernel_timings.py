@@ -15,6 +15,7 @@ import torch
 
 from eagle_trt.bench.stats import median_seconds
 from eagle_trt.models.gemm import Projection, prepack_enabled
+from eagle_trt.models import native_attention
 from eagle_trt.models.layers import attention, attention_fp64
 
 
@@ -43,7 +44,9 @@ def attentions(reps: int) -> None:
         sdpa = median_seconds(lambda: attention(q, k, v, mask), reps) * 1e3
         fp64 = median_seconds(lambda: attention_fp64(q, k, v, mask), reps) * 1e3
         conv = median_seconds(lambda: (k.double(), v.double()), reps) * 1e3
-        print(f"  T={t:2} S={s:4}  sdpa {sdpa:.3f}  float64 {fp64:.3f}  K/V to float64 {conv:.3f}")
+        kernel = native_attention.load()
+        native = f"  row-invariant kernel {median_seconds(lambda: kernel(q, k, v, mask), reps) * 1e3:.3f}" if kernel else ""
+        print(f"  T={t:2} S={s:4}  sdpa {sdpa:.3f}  float64 {fp64:.3f}  K/V to float64 {conv:.3f}{native}")
 
 
 def forward_curve(engine: str, reps: int) -> None:

@@ -18,6 +18,7 @@ import torch
 
 from eagle_trt.models.gemm import Projection
 from eagle_trt.models.kv_cache import KVCache
+from eagle_trt.models import native_attention
 from eagle_trt.models.layers import Rope, additive_mask, attention, attention_fp64, rms_norm, swiglu_mlp
 from eagle_trt.models.spec import TargetSpec
 from eagle_trt.models.weights import load_safetensors, read_json, take
@@ -36,6 +37,21 @@ class LayerWeights:
     down: Projection  # [I, hidden]
 
 
+def pick_attention(dtype: torch.dtype, device: torch.device):
+    """The target's attention. bf16: a verify row must be bit-identical to decoding that token alone (the
+    prepacked bf16 GEMMs already are; see models/gemm.py), so on the CPU it is the compiled row-invariant kernel
+    (models/native_attention.py), else the float64 fallback (the same property at about twice the cost).
+    fp32 keeps the fused kernel: its one-row and many-row GEMMs differ in the last bit anyway, those differences
+    sit far below any greedy tie seen in practice, and it is as fast. EAGLE_TRT_NATIVE=0 turns the kernel off."""
+    if dtype == torch.float32:
+        return attention
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        kernel = native_attention.load()
+        if kernel is not None:
+            return kernel
+    return attention_fp64
+
+
 class LlamaTarget:
     def __init__(self, spec: TargetSpec, embed, layers, norm, lm_head, dtype, max_positions: int | None = None):
         self.spec = spec
@@ -47,10 +63,7 @@ class LlamaTarget:
         self.rope = Rope(spec.head_dim, spec.rope_theta, spec.rope_scaling,
                          max_positions or spec.max_position_embeddings, dtype)
         self.aux_layer_ids: list[int] = []
-        # bf16/fp16: attention in float64 so a verify row is bit-identical to decoding that token alone (the
-        # prepacked bf16 GEMMs already are; see models/gemm.py and layers.attention_fp64). fp32 keeps the fused
-        # kernel: its last-bit differences sit far below any greedy tie seen in practice, and it is faster.
-        self.attend = attention if dtype == torch.float32 else attention_fp64
+        self.attend = pick_attention(dtype, embed.device)
 
     # ---- loading -----------------------------------------------------------------------------
     @classmethod

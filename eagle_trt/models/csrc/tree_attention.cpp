@@ -1,0 +1,449 @@
+// Masked attention whose every output row is a function of that row's query and of its visible keys, taken in
+// slot order, and of nothing else: not the number of query rows in the call, not where hidden keys sit.
+//
+// Why: speculative verification scores T tree tokens in one forward, and greedy decoding must give the same
+// bits as scoring each of them alone (T = 1) after its ancestors were committed. A BLAS or fused attention
+// kernel picks its blocking, lanes and threads from the call's shape, so a row's sums run in a different order
+// in the two calls. Here each (query row, KV head) is one task with a fixed schedule:
+//   1. the visible keys are listed in slot order (prefix, then the row's ancestors, then itself: the same
+//      sequence, in the same order, as the keys slots 0..p hold when that token is decoded alone);
+//   2. scores: a dot product over head_dim in fixed 16-lane chunks, summed across lanes by a fixed tree;
+//   3. softmax: max (exact in any order), exp by a fixed polynomial, the sum in fixed 16-lane chunks;
+//   4. output: sum over the listed keys in order, one lane per element of head_dim.
+// Compiled with -ffp-contract=off, with explicit fused multiply-adds (fmaf) where the sums are: no multiply-add
+// is fused in one place and left apart in another.
+// Threads split tasks, never a task, so the thread count changes no bit either.
+//
+// The Python side (eagle_trt/models/native_attention.py) compiles this file with the machine's C++ compiler
+// on first use and calls it through ctypes.
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__AVX512F__) || defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace {
+
+// One vector register: 16 floats with AVX-512, else 8 (AVX2 and anything else). The lane count fixes the order of
+// the few cross-lane sums, so it is a property of the build, the same for every call in a process.
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+#else
+constexpr int kLanes = 8;
+#endif
+typedef float vf __attribute__((vector_size(kLanes * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+inline float bf16_to_float(uint16_t h) {
+    uint32_t u = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+// Copies D elements (fp32 or bf16) to dst as fp32; dst is padded with zeros up to Dp (a multiple of 16).
+inline void load_row(const void* base, int64_t offset, int bf16, int D, int Dp, float* dst) {
+    if (bf16) {
+        const uint16_t* src = static_cast<const uint16_t*>(base) + offset;
+        for (int d = 0; d < D; ++d) dst[d] = bf16_to_float(src[d]);
+    } else {
+        std::memcpy(dst, static_cast<const float*>(base) + offset, sizeof(float) * D);
+    }
+    for (int d = D; d < Dp; ++d) dst[d] = 0.0f;
+}
+
+inline float lane_sum(vf a) {
+    // Fixed pairwise tree over the lanes.
+    float t[kLanes];
+    for (int l = 0; l < kLanes; ++l) t[l] = a[l];
+    for (int width = kLanes / 2; width > 0; width /= 2)
+        for (int l = 0; l < width; ++l) t[l] = t[l] + t[l + width];
+    return t[0];
+}
+
+inline vf vload(const float* p) {
+    vf r;
+    std::memcpy(&r, p, sizeof r);
+    return r;
+}
+
+inline void vstore(float* p, vf a) { std::memcpy(p, &a, sizeof a); }
+
+// a * b + c rounded once, in every lane. Every branch computes the same exact fused multiply-add (fmaf is exact
+// by definition), so results do not depend on which one the compiler takes.
+inline vf vfma(vf a, vf b, vf c) {
+#if defined(__AVX512F__)
+    return reinterpret_cast<vf>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
+                                                reinterpret_cast<__m512>(c)));
+#elif defined(__FMA__)
+    return reinterpret_cast<vf>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a), reinterpret_cast<__m256>(b),
+                                                reinterpret_cast<__m256>(c)));
+#else
+    vf r;
+    for (int l = 0; l < kLanes; ++l) r[l] = __builtin_fmaf(a[l], b[l], c[l]);
+    return r;
+#endif
+}
+
+inline vf vfma(vf a, float b, vf c) { return vfma(a, vf{} + b, c); }
+
+// exp(x) for x <= 0 (scores minus their max): range reduction by ln 2 and a degree-6 polynomial, about 1e-7
+// relative error. Inputs below -87 give exp(-87) (~1.6e-38), which adds nothing visible to a sum that holds 1.
+inline vf vexp(vf x) {
+    const vf lo = vf{} - 87.0f;
+    x = x < lo ? lo : x;
+    const vf log2e = vf{} + 1.44269504088896341f;
+    vf n = x * log2e + 0.5f;
+    for (int l = 0; l < kLanes; ++l) n[l] = __builtin_floorf(n[l]);
+    const vf r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    vf p = vf{} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+    vf scale;
+    std::memcpy(&scale, &e, sizeof scale);
+    return p * scale;
+}
+
+typedef uint16_t vu16 __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+typedef uint32_t vu32 __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+
+// Converts n elements (fp32 or bf16) to fp32.
+inline void to_float(const void* base, int64_t offset, int bf16, int n, float* dst) {
+    if (!bf16) {
+        std::memcpy(dst, static_cast<const float*>(base) + offset, sizeof(float) * n);
+        return;
+    }
+    const uint16_t* src = static_cast<const uint16_t*>(base) + offset;
+    int i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+        vu16 h;
+        std::memcpy(&h, src + i, sizeof h);
+        const vu32 u = __builtin_convertvector(h, vu32) << 16;
+        std::memcpy(dst + i, &u, sizeof u);
+    }
+    for (; i < n; ++i) dst[i] = bf16_to_float(src[i]);
+}
+
+// Query rows per task: their G query vectors each share one pass over the head's keys.
+constexpr int kRows = 2;
+
+struct Layout {
+    int H, Hkv, G, T, S, Sp, D, Dp;
+};
+
+// Per call: K transposed to [Hkv][D][Sp] and V to [Hkv][S][Dp], both fp32, so a score is one lane's sequential
+// sum over head_dim (whatever lane its key lands in) and an output element one lane's sum over the keys.
+void convert_kv(const Layout& L, const void* k, int64_t k_sh, int64_t k_sr, const void* v, int64_t v_sh,
+                int64_t v_sr, int bf16, float* kt, float* vv, int hk, int j0, int j1) {
+    float row[1024];
+    for (int j = j0; j < j1; ++j) {
+        to_float(k, (int64_t)hk * k_sh + (int64_t)j * k_sr, bf16, L.D, row);
+        float* dst = kt + (int64_t)hk * L.D * L.Sp + j;
+        for (int d = 0; d < L.D; ++d) dst[(int64_t)d * L.Sp] = row[d];
+        float* vd = vv + ((int64_t)hk * L.S + j) * L.Dp;
+        to_float(v, (int64_t)hk * v_sh + (int64_t)j * v_sr, bf16, L.D, vd);
+        for (int d = L.D; d < L.Dp; ++d) vd[d] = 0.0f;
+    }
+}
+
+struct Scratch {
+    int* idx = nullptr;      // [S] visible key slots, ascending
+    float* raw = nullptr;    // [kRows * G][Sp] scores of every slot, for each query vector of the task
+    float* scores = nullptr; // [G][Sp] one row's scores of its visible keys, compacted, then their exp
+    float* q = nullptr;      // [kRows * G][Dp] the task's query vectors
+    float* acc = nullptr;    // [G][Dp]
+    bool ok = false;
+
+    explicit Scratch(const Layout& L) {
+        idx = static_cast<int*>(std::malloc(sizeof(int) * (L.S > 0 ? L.S : 1)));
+        raw = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * kRows * L.G * L.Sp));
+        scores = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * L.G * L.Sp));
+        q = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * kRows * L.G * L.Dp));
+        acc = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * L.G * L.Dp));
+        ok = idx && raw && scores && q && acc;
+    }
+    ~Scratch() {
+        std::free(idx);
+        std::free(raw);
+        std::free(scores);
+        std::free(q);
+        std::free(acc);
+    }
+};
+
+// Largest of s[0..n) (max is exact, so the order does not matter).
+inline float max_of(const float* s, int n) {
+    float m = s[0];
+    int i = 0;
+    if (n >= kLanes) {
+        vf mv = vload(s);
+        for (i = kLanes; i + kLanes <= n; i += kLanes) {
+            const vf x = vload(s + i);
+            mv = x > mv ? x : mv;
+        }
+        for (int l = 0; l < kLanes; ++l) m = mv[l] > m ? mv[l] : m;
+    }
+    for (; i < n; ++i) m = s[i] > m ? s[i] : m;
+    return m;
+}
+
+// acc[d] = sum over i of p[i] * v[idx[i]][d]: even i and odd i summed apart, in order, then added (two chains
+// in flight per lane; the order depends on i and n only). C vectors per row, kept in registers.
+template <int C>
+inline void weighted_sum(const float* v, const int* idx, const float* p, int n, int Dp, float* acc) {
+    vf a[C], b[C];
+    for (int c = 0; c < C; ++c) a[c] = b[c] = vf{};
+    int i = 0;
+    for (; i + 1 < n; i += 2) {
+        const float* r0 = v + (int64_t)idx[i] * Dp;
+        const float* r1 = v + (int64_t)idx[i + 1] * Dp;
+        const float p0 = p[i], p1 = p[i + 1];
+        for (int c = 0; c < C; ++c) {
+            a[c] = vfma(vload(r0 + c * kLanes), p0, a[c]);
+            b[c] = vfma(vload(r1 + c * kLanes), p1, b[c]);
+        }
+    }
+    if (i < n) {
+        const float* r0 = v + (int64_t)idx[i] * Dp;
+        for (int c = 0; c < C; ++c) a[c] = vfma(vload(r0 + c * kLanes), p[i], a[c]);
+    }
+    for (int c = 0; c < C; ++c) vstore(acc + c * kLanes, a[c] + b[c]);
+}
+
+// The same sums for GB query heads at once (one pass over the values for all of them; each head's lanes sum over
+// i in order). acc: GB rows of Dp.
+template <int C, int GB>
+inline void weighted_sum_heads(const float* v, const int* idx, const float* p, int Sp, int n, int Dp, float* acc) {
+    vf a[GB][C];
+    for (int g = 0; g < GB; ++g)
+        for (int c = 0; c < C; ++c) a[g][c] = vf{};
+    for (int i = 0; i < n; ++i) {
+        const float* row = v + (int64_t)idx[i] * Dp;
+        vf r[C];
+        for (int c = 0; c < C; ++c) r[c] = vload(row + c * kLanes);
+        for (int g = 0; g < GB; ++g) {
+            const float pi = p[g * Sp + i];
+            for (int c = 0; c < C; ++c) a[g][c] = vfma(r[c], pi, a[g][c]);
+        }
+    }
+    for (int g = 0; g < GB; ++g)
+        for (int c = 0; c < C; ++c) vstore(acc + g * Dp + c * kLanes, a[g][c]);
+}
+
+// Output sums for all G heads of a row: heads in groups that fit the registers (at most 12 accumulators), else one
+// head at a time. The grouping depends on G and head_dim only, so every call for a model takes the same path.
+template <int C>
+inline void weighted_sums(const float* v, const int* idx, const float* p, int Sp, int n, int Dp, int G, float* acc) {
+    constexpr int GB = 12 / C >= 4 ? 4 : 12 / C;
+    int g = 0;
+    if constexpr (GB >= 2) {
+        for (; g + GB <= G; g += GB) weighted_sum_heads<C, GB>(v, idx, p + g * Sp, Sp, n, Dp, acc + g * Dp);
+    }
+    for (; g < G; ++g) weighted_sum<C>(v, idx, p + g * Sp, n, Dp, acc + g * Dp);
+}
+
+inline void weighted_sum_any(const float* v, const int* idx, const float* p, int n, int Dp, float* acc) {
+    std::memset(acc, 0, sizeof(float) * Dp);
+    for (int i = 0; i < n; ++i) {
+        const float* row = v + (int64_t)idx[i] * Dp;
+        for (int c = 0; c < Dp; c += kLanes) vstore(acc + c, vfma(vload(row + c), p[i], vload(acc + c)));
+    }
+}
+
+// raw[v][j] = scale * sum over d, in order, of q_v[d] * k_j[d]: R query vectors by KB key vectors at a time
+// (R * KB chains in flight). Every (vector, slot) pair is the same chain of fused multiply-adds whichever block
+// computes it.
+template <int R, int KB>
+inline void score_tile(const float* qs, const float* kcol, int D, int Dp, int Sp, float scale, float* raw) {
+    vf a[R][KB];
+    for (int r = 0; r < R; ++r)
+        for (int b = 0; b < KB; ++b) a[r][b] = vf{};
+    for (int d = 0; d < D; ++d) {
+        const float* kd = kcol + (int64_t)d * Sp;
+        vf k[KB];
+        for (int b = 0; b < KB; ++b) k[b] = vload(kd + b * kLanes);
+        for (int r = 0; r < R; ++r) {
+            const float qd = qs[r * Dp + d];
+            for (int b = 0; b < KB; ++b) a[r][b] = vfma(k[b], qd, a[r][b]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int b = 0; b < KB; ++b) vstore(raw + (int64_t)r * Sp + b * kLanes, a[r][b] * scale);
+}
+
+template <int KB>
+inline void score_tiles(const float* qs, int nq, const float* kcol, int D, int Dp, int Sp, float scale, float* raw) {
+    int v = 0;
+    for (; v + 4 <= nq; v += 4) score_tile<4, KB>(qs + v * Dp, kcol, D, Dp, Sp, scale, raw + (int64_t)v * Sp);
+    switch (nq - v) {
+        case 3: score_tile<3, KB>(qs + v * Dp, kcol, D, Dp, Sp, scale, raw + (int64_t)v * Sp); break;
+        case 2: score_tile<2, KB>(qs + v * Dp, kcol, D, Dp, Sp, scale, raw + (int64_t)v * Sp); break;
+        case 1: score_tile<1, KB>(qs + v * Dp, kcol, D, Dp, Sp, scale, raw + (int64_t)v * Sp); break;
+        default: break;
+    }
+}
+
+void score_block(const float* qs, int nq, const float* khead, int D, int Dp, int Sp, float scale, float* raw) {
+    int j = 0;
+    for (; j + 2 * kLanes <= Sp; j += 2 * kLanes) score_tiles<2>(qs, nq, khead + j, D, Dp, Sp, scale, raw + j);
+    if (j < Sp) score_tiles<1>(qs, nq, khead + j, D, Dp, Sp, scale, raw + j);
+}
+
+// out[o + g * D + d] = acc[g][d] / sums[g], as fp32 or rounded to bfloat16 (nearest, ties to even).
+inline void store_rows(const float* acc, const float* sums, int G, int D, int Dp, void* out, int64_t o, int bf16) {
+    for (int g = 0; g < G; ++g) {
+        for (int d = 0; d < D; ++d) {
+            const float x = acc[g * Dp + d] / sums[g];
+            if (!bf16) {
+                static_cast<float*>(out)[o + g * D + d] = x;
+                continue;
+            }
+            uint32_t u;
+            std::memcpy(&u, &x, sizeof u);
+            uint16_t h;
+            if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu))  // NaN stays NaN
+                h = static_cast<uint16_t>((u >> 16) | 0x40);
+            else
+                h = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+            static_cast<uint16_t*>(out)[o + g * D + d] = h;
+        }
+    }
+}
+
+// One row's softmax and output for its G query heads, from that row's scores of every slot (raw: [G][Sp]).
+void finish_row(const Layout& L, int t, int hk, const float* raw, const float* vv, const uint8_t* mask, void* out,
+                int bf16, Scratch& w) {
+    const int D = L.D, Dp = L.Dp, S = L.S, Sp = L.Sp, G = L.G;
+    const uint8_t* visible = mask ? mask + (int64_t)t * S : nullptr;
+    int n = 0;
+    for (int j = 0; j < S; ++j)
+        if (!visible || visible[j]) w.idx[n++] = j;
+    float sums[64];
+    const int64_t o = (int64_t)t * L.H * D + (int64_t)hk * G * D;  // first output element of this task
+    if (n == 0) {  // no visible key: zeros (a forward never asks this: a row always sees itself)
+        for (int g = 0; g < G; ++g) {
+            std::memset(w.acc + g * Dp, 0, sizeof(float) * Dp);
+            sums[g] = 1.0f;
+        }
+        store_rows(w.acc, sums, G, D, Dp, out, o, bf16);
+        return;
+    }
+    const int full = n / kLanes * kLanes;
+    for (int g = 0; g < G; ++g) {
+        float* s = w.scores + g * Sp;
+        const float* rg = raw + (int64_t)g * Sp;
+        for (int i = 0; i < n; ++i) s[i] = rg[w.idx[i]];
+        // Softmax weights over the visible keys, unnormalised: exp(score - max).
+        const float m = max_of(s, n);
+        vf total = vf{};
+        for (int i = 0; i < full; i += kLanes) {
+            const vf e = vexp(vload(s + i) - m);
+            vstore(s + i, e);
+            total += e;
+        }
+        if (full < n) {
+            float tail[kLanes];
+            for (int l = 0; l < kLanes; ++l) tail[l] = full + l < n ? s[full + l] - m : 0.0f;
+            vf e = vexp(vload(tail));
+            for (int l = 0; l < kLanes; ++l) {
+                if (full + l >= n) e[l] = 0.0f;
+                else s[full + l] = e[l];
+            }
+            total += e;
+        }
+        sums[g] = lane_sum(total);
+    }
+    // Output: weights times values, keys in order, one lane per element of head_dim.
+    const float* vhead = vv + (int64_t)hk * S * Dp;
+    switch (Dp / kLanes) {
+        case 1: weighted_sums<1>(vhead, w.idx, w.scores, Sp, n, Dp, G, w.acc); break;
+        case 2: weighted_sums<2>(vhead, w.idx, w.scores, Sp, n, Dp, G, w.acc); break;
+        case 4: weighted_sums<4>(vhead, w.idx, w.scores, Sp, n, Dp, G, w.acc); break;
+        case 8: weighted_sums<8>(vhead, w.idx, w.scores, Sp, n, Dp, G, w.acc); break;
+        default:
+            for (int g = 0; g < G; ++g) weighted_sum_any(vhead, w.idx, w.scores + g * Sp, n, Dp, w.acc + g * Dp);
+    }
+    store_rows(w.acc, sums, G, D, Dp, out, o, bf16);
+}
+
+// Rows [t0, t1) (at most kRows) of KV head hk.
+void one_task(const Layout& L, int t0, int t1, int hk, const void* q, int64_t q_sh, int64_t q_sr, const float* kt,
+              const float* vv, const uint8_t* mask, void* out, float scale, int bf16, Scratch& w) {
+    const int G = L.G, Dp = L.Dp;
+    int nq = 0;
+    for (int t = t0; t < t1; ++t)
+        for (int g = 0; g < G; ++g, ++nq) {
+            float* qv = w.q + nq * Dp;
+            to_float(q, (int64_t)(hk * G + g) * q_sh + (int64_t)t * q_sr, bf16, L.D, qv);
+            for (int d = L.D; d < Dp; ++d) qv[d] = 0.0f;
+        }
+    score_block(w.q, nq, kt + (int64_t)hk * L.D * L.Sp, L.D, Dp, L.Sp, scale, w.raw);
+    for (int t = t0; t < t1; ++t) finish_row(L, t, hk, w.raw + (int64_t)(t - t0) * G * L.Sp, vv, mask, out, bf16, w);
+}
+
+}  // namespace
+
+extern "C" {
+
+int eagle_trt_kernel_version() { return 1; }
+
+// q: [H, T, D]; k, v: [Hkv, S, D] (strides in elements: per head, per row; the last dim contiguous);
+// mask: [T, S] bytes, nonzero = visible, or null (every key visible); out: [T, H * D] contiguous, in the inputs'
+// type. bf16: 0 for fp32 inputs and output, 1 for bfloat16. Returns 0, or -1 if scratch memory could not be allocated.
+int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const void* k, int64_t k_sh, int64_t k_sr,
+                             const void* v, int64_t v_sh, int64_t v_sr, const uint8_t* mask, void* out, int H,
+                             int Hkv, int T, int S, int D, float scale, int bf16, int threads) {
+    if (Hkv <= 0 || H % Hkv != 0 || H / Hkv > 64 || D > 1024 || S <= 0) return -2;
+    Layout L{H, Hkv, H / Hkv, T, S, (S + kLanes - 1) / kLanes * kLanes, D, (D + kLanes - 1) / kLanes * kLanes};
+    float* kt = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * Hkv * D * L.Sp));
+    float* vv = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * Hkv * S * L.Dp));
+    if (!kt || !vv) {
+        std::free(kt);
+        std::free(vv);
+        return -1;
+    }
+    for (int hk = 0; hk < Hkv; ++hk)  // padding slots score 0 and are never listed as visible
+        for (int d = 0; d < D; ++d)
+            for (int j = S; j < L.Sp; ++j) kt[((int64_t)hk * D + d) * L.Sp + j] = 0.0f;
+    const int blocks = (S + 63) / 64;
+    const int row_blocks = (T + kRows - 1) / kRows;
+    const int tasks = row_blocks * Hkv;
+    const int nthreads = threads > 0 ? threads : 1;
+    int failed = 0;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+    {
+#pragma omp for schedule(static)
+        for (int b = 0; b < Hkv * blocks; ++b) {
+            const int hk = b / blocks, j0 = (b % blocks) * 64;
+            convert_kv(L, k, k_sh, k_sr, v, v_sh, v_sr, bf16, kt, vv, hk, j0, j0 + 64 < S ? j0 + 64 : S);
+        }
+        Scratch w(L);
+        if (!w.ok) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int task = 0; task < tasks; ++task) {
+            if (!w.ok) continue;
+            const int t0 = task / Hkv * kRows, t1 = t0 + kRows < T ? t0 + kRows : T;
+            one_task(L, t0, t1, task % Hkv, q, q_sh, q_sr, kt, vv, mask, out, scale, bf16, w);
+        }
+    }
+    std::free(kt);
+    std::free(vv);
+    return failed ? -1 : 0;
+}
+
+}  // extern "C"
