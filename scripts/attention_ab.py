@@ -1,0 +1,61 @@
+"""What the row-invariant attention kernel buys end to end: the same engine, prompts and settings, decoded with the
+kernel and with the float64 fallback, interleaved prompt by prompt in one process (the machine's speed drifts, so
+only side-by-side numbers mean anything).
+
+    python scripts/attention_ab.py --engine engines/smollm2-135m-eagle3-bf16 --prompts humaneval --limit 6
+
+Prints, per attention: plain AR and the engine's (tuned) speculative setting in tok/s, their ratio, and how many
+speculative outputs differed from AR (must be 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", required=True)
+    ap.add_argument("--prompts", default="humaneval")
+    ap.add_argument("--limit", type=int, default=6)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+
+    import torch
+
+    from eagle_trt.bench.prompts import load_prompts
+    from eagle_trt.models.layers import attention_fp64
+    from eagle_trt.models.native_attention import NativeAttention
+    from eagle_trt.runtime.session import Session
+
+    torch.set_num_threads(args.threads)
+    session = Session.open(args.engine)
+    runner, target = session.runner, session.runner.target
+    if not isinstance(target.attend, NativeAttention):
+        raise SystemExit(f"{args.engine}: the target does not use the kernel (bf16 engine, a C++ compiler, "
+                         "EAGLE_TRT_NATIVE unset are needed)")
+    variants = {"kernel": target.attend, "float64": attention_fp64}
+    spec = session.decode_options(max_new_tokens=args.max_new_tokens)
+    ar = session.decode_options(mode="ar", max_new_tokens=args.max_new_tokens)
+    prompts = [p.encode(session.tokenizer) for p in load_prompts(args.prompts, args.limit)]
+    totals = {name: [0.0, 0.0, 0, 0, 0] for name in variants}  # ar s, spec s, ar tokens, spec tokens, mismatches
+    for _ in range(args.repeats):
+        for ids in prompts:
+            for name, attend in variants.items():
+                target.attend = attend
+                a, b = runner.generate(ids, ar), runner.generate(ids, spec)
+                t = totals[name]
+                t[0] += a.metrics.total_s
+                t[1] += b.metrics.total_s
+                t[2] += len(a.token_ids)
+                t[3] += len(b.token_ids)
+                t[4] += a.token_ids != b.token_ids
+    for name, (ta, tb, na, nb, bad) in totals.items():
+        print(f"{name:8} ar {na / ta:5.1f} tok/s   speculative {nb / tb:5.1f} tok/s   ratio {nb / tb / (na / ta):.2f}x"
+              f"   outputs differing from ar: {bad}")
+
+
+if __name__ == "__main__":
+    main()
