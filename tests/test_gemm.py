@@ -4,6 +4,7 @@ forward bit-identical to T one-token forwards, which is what keeps a bf16 engine
 import pytest
 import torch
 
+from eagle_trt.models import native_attention
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.gemm import Projection, cpu_has_native_bf16, prepack_enabled
 from eagle_trt.models.layers import additive_mask, attention, attention_fp64
@@ -87,8 +88,15 @@ def test_fp64_attention_takes_its_mask_precomputed():
 
 
 @needs_bf16
-def test_bf16_verify_forward_is_bit_identical_to_decoding(tiny_model_dir):
+@pytest.mark.parametrize("attend", ["default", "float64"])
+def test_bf16_verify_forward_is_bit_identical_to_decoding(tiny_model_dir, attend):
+    """The default attention is the compiled row-invariant kernel where a C++ compiler exists; the float64
+    fallback must keep the property too."""
     target = LlamaTarget.load(tiny_model_dir, dtype=torch.bfloat16)
+    kernel = native_attention.load()
+    assert target.attend is (kernel if kernel is not None else attention_fp64)
+    if attend == "float64":
+        target.attend = attention_fp64
     ids = torch.randint(0, target.spec.vocab_size, (64,), generator=torch.Generator().manual_seed(0))
     caches = [target.new_cache(64), target.new_cache(64)]
     for c in caches:

@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from eagle_trt.models import native_attention
-from eagle_trt.models.gemm import cpu_has_native_bf16, prepack_enabled
 from eagle_trt.models.layers import attention_fp64
-from eagle_trt.models.llama import LlamaTarget, pick_attention
+from eagle_trt.models.llama import pick_attention
 
 kernel = native_attention.load()
 needs_kernel = pytest.mark.skipif(kernel is None, reason="no C++ compiler: the engine uses float64 attention here")
@@ -89,27 +88,6 @@ def test_rejects_bad_input():
         kernel(q.half(), k.half(), v.half(), None)
     with pytest.raises(ValueError, match=r"mask must be bool \[3, 10\]"):
         kernel(q, k, v, torch.ones(3, 9, dtype=torch.bool))
-
-
-@needs_kernel
-@pytest.mark.skipif(not (prepack_enabled() and cpu_has_native_bf16()),
-                    reason="CPU without AMX/AVX512-BF16: the bf16 engine is not offered here")
-def test_bf16_target_uses_the_kernel_and_stays_bit_identical_to_decoding(tiny_model_dir):
-    """40 verify rows (past the bf16 GEMM's 32-row chunk) against 40 one-token forwards."""
-    target = LlamaTarget.load(tiny_model_dir, dtype=torch.bfloat16)
-    assert target.attend is kernel
-    ids = torch.randint(0, target.spec.vocab_size, (64,), generator=torch.Generator().manual_seed(1))
-    caches = [target.new_cache(64), target.new_cache(64)]
-    for c in caches:
-        target.forward(ids[:24], torch.arange(24), c)
-        c.length = 24
-    full, _ = target.forward(ids[24:], torch.arange(24, 64), caches[0])
-    rows = []
-    for j in range(24, 64):
-        logits, _ = target.forward(ids[j:j + 1], torch.tensor([j]), caches[1])
-        caches[1].length += 1
-        rows.append(logits)
-    assert torch.equal(full, torch.cat(rows))
 
 
 def test_build_reports_the_compiler_error(tmp_path, monkeypatch):

@@ -27,6 +27,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "tree_attention.cpp"
+HEADERS = [Path(__file__).with_name("csrc") / "simd.h"]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared", "-std=c++17"]
 _TYPES = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -67,7 +68,7 @@ def build(compiler: str | None = None, out_dir: Path | None = None) -> Path:
     compiler = compiler or _compiler()
     if compiler is None:
         raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
-    src = SOURCE.read_bytes()
+    src = b"".join(p.read_bytes() for p in (SOURCE, *HEADERS))
     key = hashlib.sha256(b"\0".join([src, compiler.encode(), " ".join(FLAGS).encode(), _cpu_key().encode()]))
     out_dir = out_dir or cache_dir()
     target = out_dir / f"tree_attention-{key.hexdigest()[:16]}.so"

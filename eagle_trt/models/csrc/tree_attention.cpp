@@ -21,9 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#if defined(__AVX512F__) || defined(__FMA__)
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -31,110 +29,7 @@
 
 namespace {
 
-// One vector register: 16 floats with AVX-512, else 8 (AVX2 and anything else). The lane count fixes the order of
-// the few cross-lane sums, so it is a property of the build, the same for every call in a process.
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-#else
-constexpr int kLanes = 8;
-#endif
-typedef float vf __attribute__((vector_size(kLanes * sizeof(float))));
-typedef int32_t vi __attribute__((vector_size(kLanes * sizeof(int32_t))));
-
-inline float bf16_to_float(uint16_t h) {
-    uint32_t u = static_cast<uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-// Copies D elements (fp32 or bf16) to dst as fp32; dst is padded with zeros up to Dp (a multiple of 16).
-inline void load_row(const void* base, int64_t offset, int bf16, int D, int Dp, float* dst) {
-    if (bf16) {
-        const uint16_t* src = static_cast<const uint16_t*>(base) + offset;
-        for (int d = 0; d < D; ++d) dst[d] = bf16_to_float(src[d]);
-    } else {
-        std::memcpy(dst, static_cast<const float*>(base) + offset, sizeof(float) * D);
-    }
-    for (int d = D; d < Dp; ++d) dst[d] = 0.0f;
-}
-
-inline float lane_sum(vf a) {
-    // Fixed pairwise tree over the lanes.
-    float t[kLanes];
-    for (int l = 0; l < kLanes; ++l) t[l] = a[l];
-    for (int width = kLanes / 2; width > 0; width /= 2)
-        for (int l = 0; l < width; ++l) t[l] = t[l] + t[l + width];
-    return t[0];
-}
-
-inline vf vload(const float* p) {
-    vf r;
-    std::memcpy(&r, p, sizeof r);
-    return r;
-}
-
-inline void vstore(float* p, vf a) { std::memcpy(p, &a, sizeof a); }
-
-// a * b + c rounded once, in every lane. Every branch computes the same exact fused multiply-add (fmaf is exact
-// by definition), so results do not depend on which one the compiler takes.
-inline vf vfma(vf a, vf b, vf c) {
-#if defined(__AVX512F__)
-    return reinterpret_cast<vf>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
-                                                reinterpret_cast<__m512>(c)));
-#elif defined(__FMA__)
-    return reinterpret_cast<vf>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a), reinterpret_cast<__m256>(b),
-                                                reinterpret_cast<__m256>(c)));
-#else
-    vf r;
-    for (int l = 0; l < kLanes; ++l) r[l] = __builtin_fmaf(a[l], b[l], c[l]);
-    return r;
-#endif
-}
-
-inline vf vfma(vf a, float b, vf c) { return vfma(a, vf{} + b, c); }
-
-// exp(x) for x <= 0 (scores minus their max): range reduction by ln 2 and a degree-6 polynomial, about 1e-7
-// relative error. Inputs below -87 give exp(-87) (~1.6e-38), which adds nothing visible to a sum that holds 1.
-inline vf vexp(vf x) {
-    const vf lo = vf{} - 87.0f;
-    x = x < lo ? lo : x;
-    const vf log2e = vf{} + 1.44269504088896341f;
-    vf n = x * log2e + 0.5f;
-    for (int l = 0; l < kLanes; ++l) n[l] = __builtin_floorf(n[l]);
-    const vf r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-    vf p = vf{} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
-    vf scale;
-    std::memcpy(&scale, &e, sizeof scale);
-    return p * scale;
-}
-
-typedef uint16_t vu16 __attribute__((vector_size(kLanes * sizeof(uint16_t))));
-typedef uint32_t vu32 __attribute__((vector_size(kLanes * sizeof(uint32_t))));
-
-// Converts n elements (fp32 or bf16) to fp32.
-inline void to_float(const void* base, int64_t offset, int bf16, int n, float* dst) {
-    if (!bf16) {
-        std::memcpy(dst, static_cast<const float*>(base) + offset, sizeof(float) * n);
-        return;
-    }
-    const uint16_t* src = static_cast<const uint16_t*>(base) + offset;
-    int i = 0;
-    for (; i + kLanes <= n; i += kLanes) {
-        vu16 h;
-        std::memcpy(&h, src + i, sizeof h);
-        const vu32 u = __builtin_convertvector(h, vu32) << 16;
-        std::memcpy(dst + i, &u, sizeof u);
-    }
-    for (; i < n; ++i) dst[i] = bf16_to_float(src[i]);
-}
+using namespace eagle_trt;
 
 // Query rows per task: their G query vectors each share one pass over the head's keys.
 constexpr int kRows = 2;
@@ -182,22 +77,6 @@ struct Scratch {
         std::free(acc);
     }
 };
-
-// Largest of s[0..n) (max is exact, so the order does not matter).
-inline float max_of(const float* s, int n) {
-    float m = s[0];
-    int i = 0;
-    if (n >= kLanes) {
-        vf mv = vload(s);
-        for (i = kLanes; i + kLanes <= n; i += kLanes) {
-            const vf x = vload(s + i);
-            mv = x > mv ? x : mv;
-        }
-        for (int l = 0; l < kLanes; ++l) m = mv[l] > m ? mv[l] : m;
-    }
-    for (; i < n; ++i) m = s[i] > m ? s[i] : m;
-    return m;
-}
 
 // acc[d] = sum over i of p[i] * v[idx[i]][d]: even i and odd i summed apart, in order, then added (two chains
 // in flight per lane; the order depends on i and n only). C vectors per row, kept in registers.
@@ -396,8 +275,6 @@ void one_task(const Layout& L, int t0, int t1, int hk, const void* q, int64_t q_
 }  // namespace
 
 extern "C" {
-
-int eagle_trt_kernel_version() { return 1; }
 
 // q: [H, T, D]; k, v: [Hkv, S, D] (strides in elements: per head, per row; the last dim contiguous);
 // mask: [T, S] bytes, nonzero = visible, or null (every key visible); out: [T, H * D] contiguous, in the inputs'
