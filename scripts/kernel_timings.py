@@ -3,6 +3,7 @@
     python scripts/kernel_timings.py --threads 2                        # projections + attention
     python scripts/kernel_timings.py --engine engines/smollm2-135m-eagle3 --threads 2   # + target forward curve
     EAGLE_TRT_PREPACK=0 python scripts/kernel_timings.py --engine ...   # forward curve without prepacking
+    python scripts/kernel_timings.py --engine ENGINE --parts --threads 2  # where 1 -> 17 rows adds time
 
 Times are medians over repeats, in ms. Scratch measurements: compare runs made back to back.
 """
@@ -62,16 +63,71 @@ def forward_curve(engine: str, reps: int) -> None:
     print("  " + "  ".join(f"T={t}: {s * 1e3:.1f}" for t, s in c.items()) + f"   16 vs 1: {c[16] / c[1]:.2f}x")
 
 
+def forward_parts(engine: str, reps: int, context: int = 300) -> None:
+    """The target forward at 1 and 17 tokens after `context` cached ones, with the engine's attention, with
+    float64 attention, and with attention replaced by zeros (the rest of the layer), beside the layers'
+    projections alone (same weights, same rows): what the extra rows of a verify pass cost, part by part.
+    Variants interleave within each repeat; medians in ms."""
+    import statistics
+    import time
+
+    from eagle_trt.models.llama import LlamaTarget
+    from eagle_trt.runtime.session import DTYPES
+    from eagle_trt.engine.engine_dir import open_engine
+
+    e = open_engine(engine, verify=False)
+    target = LlamaTarget.load(e.target_dir, DTYPES[e.config.dtype])
+    s = target.spec
+    cache = target.new_cache(context + 18)
+    g = torch.Generator().manual_seed(0)
+    target.forward(torch.randint(0, s.vocab_size, (context,), generator=g), torch.arange(context), cache)
+    cache.length = context
+
+    def zeros(q, k, v, mask):
+        return q.new_zeros(q.shape[1], q.shape[0] * q.shape[2])
+
+    variants = {"engine's attention": target.attend, "float64 attention": attention_fp64, "zero attention": zeros}
+    projections = [p for lw in target.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)]
+    times: dict[tuple[str, int], list[float]] = {}
+    for _ in range(reps):
+        for t in (1, 17):
+            tokens = torch.randint(0, s.vocab_size, (t,), generator=g)
+            positions = torch.arange(context, context + t)
+            mask = torch.ones(t, t, dtype=torch.bool).tril_() if t > 1 else None
+            for name, attend in variants.items():
+                target.attend = attend
+                start = time.perf_counter()
+                target.hidden_states(tokens, positions, cache, mask)
+                times.setdefault((name, t), []).append(time.perf_counter() - start)
+            xs = {n: torch.randn(t, n, generator=g).to(target.dtype) for n in {p.w.shape[0] for p in projections}}
+            start = time.perf_counter()
+            for p in projections:
+                p(xs[p.w.shape[0]])
+            times.setdefault(("projections alone", t), []).append(time.perf_counter() - start)
+    target.attend = variants["engine's attention"]
+    print(f"target forward parts ({e.config.dtype}, {context} cached tokens, median of {reps}), ms:")
+    for name in (*variants, "projections alone"):
+        one, many = (statistics.median(times[(name, t)]) * 1e3 for t in (1, 17))
+        print(f"  {name:20} T=1 {one:6.1f}   T=17 {many:6.1f}   +{many - one:.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--engine", default=None, help="also time the engine's target forward over 1..32 tokens")
+    ap.add_argument("--parts", action="store_true", help="with --engine: only the forward's parts at 1 and 17 "
+                    "tokens (engine's / float64 / zero attention, projections alone)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"threads {torch.get_num_threads()}, prepack {prepack_enabled()}")
     torch.manual_seed(0)
+    if args.parts:
+        if not args.engine:
+            raise SystemExit("--parts needs --engine")
+        forward_parts(args.engine, args.repeats)
+        return
     projections(args.repeats)
     attentions(args.repeats * 5)
     if args.engine:

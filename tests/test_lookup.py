@@ -6,7 +6,7 @@ import torch
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.runtime.runner import DecodeOptions, Runner, with_lookup
-from eagle_trt.speculative.lookup import NgramIndex, graft, trie_size, within_rows
+from eagle_trt.speculative.lookup import NgramIndex, copy_budget, graft, trie_size, within_rows
 from eagle_trt.speculative.tree import tree_from_parents
 
 
@@ -88,6 +88,8 @@ def test_within_rows_cuts_copies_to_the_budget_in_priority_order():
     for budget in range(9):
         cut, extra = within_rows(chains, more, budget)
         assert trie_size(cut + extra) == min(budget, trie_size(chains + more))
+    # The budget the runtime and tune both derive from a cap: what the head's tree (root included) leaves.
+    assert copy_budget(0, 5) is None and copy_budget(16, 5) == 11 and copy_budget(4, 5) == 0
 
 
 @pytest.fixture(scope="module")

@@ -82,6 +82,19 @@ def test_thread_count_and_strides_change_no_bit():
 
 
 @needs_kernel
+def test_a_head_layout_the_kernel_does_not_take_falls_back(tiny_model_dir):
+    import dataclasses
+
+    from eagle_trt.models.llama import LlamaTarget
+
+    spec = LlamaTarget.load(tiny_model_dir, dtype=torch.bfloat16).spec
+    cpu = torch.device("cpu")
+    assert pick_attention(torch.bfloat16, cpu, spec) is kernel
+    assert pick_attention(torch.bfloat16, cpu, dataclasses.replace(spec, head_dim=2048)) is attention_fp64
+    assert kernel.supports(128, 2, 64) and not kernel.supports(130, 2, 64)
+
+
+@needs_kernel
 def test_rejects_bad_input():
     q, k, v = _qkv(3, 10, 4, 2, 16, torch.float32)
     with pytest.raises(TypeError, match="float32 or bfloat16"):

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from eagle_trt.bench.stats import interpolate
+from eagle_trt.speculative.lookup import copy_budget
 
 TOTALS = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
 
@@ -41,7 +42,7 @@ class Setting:
     @property
     def copy_budget(self) -> int | None:
         """Rows the copies may add (what the runtime passes to `within_rows`); None = no cut."""
-        return max(self.max_verify_rows - self.total_tokens - 1, 0) if self.max_verify_rows > 0 else None
+        return copy_budget(self.max_verify_rows, self.total_tokens + 1)
 
 
 def row_caps(tree: Setting, lookup: tuple[int, int, int], caps: list[int]) -> list[int]:

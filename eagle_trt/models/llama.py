@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
+from eagle_trt.models import native_attention
 from eagle_trt.models.gemm import Projection
 from eagle_trt.models.kv_cache import KVCache
-from eagle_trt.models import native_attention
 from eagle_trt.models.layers import Rope, additive_mask, attention, attention_fp64, rms_norm, swiglu_mlp
 from eagle_trt.models.spec import TargetSpec
 from eagle_trt.models.weights import load_safetensors, read_json, take
@@ -37,17 +37,18 @@ class LayerWeights:
     down: Projection  # [I, hidden]
 
 
-def pick_attention(dtype: torch.dtype, device: torch.device):
+def pick_attention(dtype: torch.dtype, device: torch.device, spec: TargetSpec | None = None):
     """The target's attention. bf16: a verify row must be bit-identical to decoding that token alone (the
     prepacked bf16 GEMMs already are; see models/gemm.py), so on the CPU it is the compiled row-invariant kernel
     (models/native_attention.py), else the float64 fallback (the same property at about twice the cost).
     fp32 keeps the fused kernel: its one-row and many-row GEMMs differ in the last bit anyway, those differences
-    sit far below any greedy tie seen in practice, and it is as fast. EAGLE_TRT_NATIVE=0 turns the kernel off."""
+    sit far below any greedy tie seen in practice, and it is as fast. EAGLE_TRT_NATIVE=0 turns the kernel off;
+    a model whose head layout the kernel does not take (`NativeAttention.supports`) gets the fallback."""
     if dtype == torch.float32:
         return attention
     if device.type == "cpu" and dtype == torch.bfloat16:
         kernel = native_attention.load()
-        if kernel is not None:
+        if kernel is not None and (spec is None or kernel.supports(spec.num_heads, spec.num_kv_heads, spec.head_dim)):
             return kernel
     return attention_fp64
 
@@ -63,7 +64,7 @@ class LlamaTarget:
         self.rope = Rope(spec.head_dim, spec.rope_theta, spec.rope_scaling,
                          max_positions or spec.max_position_embeddings, dtype)
         self.aux_layer_ids: list[int] = []
-        self.attend = pick_attention(dtype, embed.device)
+        self.attend = pick_attention(dtype, embed.device, spec)
 
     # ---- loading -----------------------------------------------------------------------------
     @classmethod

@@ -1,8 +1,9 @@
 """Row-invariant attention from a small C++ kernel (`csrc/tree_attention.cpp`), compiled on first use.
 
 Each output row depends only on its query and its visible keys in slot order, so a tree-verify row gives the
-same bits as decoding that token alone (the property greedy losslessness rests on), in fp32 as in bf16, at
-fp32 speed. The float64 fallback (`layers.attention_fp64`) has the same property at about three times the cost.
+same bits as decoding that token alone (the property greedy losslessness rests on) at fp32 speed. The bf16
+target uses it (`llama.pick_attention`); the float64 fallback (`layers.attention_fp64`) has the same property
+at about twice the cost (`scripts/kernel_timings.py`).
 
 The kernel is built with the machine's C++ compiler (`$CXX`, else g++, else c++) into
 `$EAGLE_TRT_CACHE/kernels` (default `~/.cache/eagle-trt/kernels`), once per source, flags and CPU; the write is
@@ -101,8 +102,11 @@ class NativeAttention:
         fn.restype = i32
         self._fn = fn
         self.path = path
-        self._mask: torch.Tensor | None = None
-        self._mask_bytes: torch.Tensor | None = None
+
+    @staticmethod
+    def supports(heads: int, kv_heads: int, head_dim: int) -> bool:
+        """Shapes the kernel takes (its fixed scratch): up to 64 query heads per KV head, head_dim up to 1024."""
+        return kv_heads > 0 and heads % kv_heads == 0 and heads // kv_heads <= 64 and head_dim <= 1024
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """q: [H, T, D], k/v: [Hkv, S, D] (any head/row strides, last dim contiguous), mask: [T, S] bool or None.
@@ -121,20 +125,16 @@ class NativeAttention:
             v = v.contiguous()
         m = None
         if mask is not None:
-            if mask is self._mask:  # a forward passes the same mask to every layer; the view shares its storage
-                m = self._mask_bytes
-            else:
-                if mask.shape != (t, s) or mask.dtype != torch.bool:
-                    raise ValueError(f"mask must be bool [{t}, {s}], got {mask.dtype} {tuple(mask.shape)}")
-                m = mask.contiguous().view(torch.uint8)
-                if mask.is_contiguous():
-                    self._mask, self._mask_bytes = mask, m
+            if mask.shape != (t, s) or mask.dtype != torch.bool:
+                raise ValueError(f"mask must be bool [{t}, {s}], got {mask.dtype} {tuple(mask.shape)}")
+            m = mask.contiguous().view(torch.uint8)  # a view: the forward's mask is built contiguous
         out = torch.empty(t, h * d, dtype=q.dtype)
         rc = self._fn(q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
                       v.data_ptr(), v.stride(0), v.stride(1), m.data_ptr() if m is not None else None,
                       out.data_ptr(), h, hkv, t, s, d, 1.0 / math.sqrt(d), kind, torch.get_num_threads())
         if rc != 0:
-            raise RuntimeError(f"native attention kernel failed (code {rc})")
+            why = "out of memory" if rc == -1 else f"unsupported shape (heads {h}/{hkv}, head_dim {d})"
+            raise RuntimeError(f"native attention kernel failed: {why}")
         return out
 
 

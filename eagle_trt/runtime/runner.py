@@ -23,7 +23,7 @@ from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.runtime.drafter import Drafter
 from eagle_trt.runtime.metrics import GenerationMetrics, StepRecord
 from eagle_trt.speculative.datastore import Datastore
-from eagle_trt.speculative.lookup import NgramIndex, copied_chains, graft, within_rows
+from eagle_trt.speculative.lookup import NgramIndex, copied_chains, copy_budget, graft, within_rows
 from eagle_trt.speculative.sampling import SamplingParams, processed_probs, sample
 from eagle_trt.speculative.tree import (DEFAULT_STATIC_TREE, Tree, chain_choices, static_layout, tree_from_parents,
                                         trim_choices)
@@ -220,9 +220,8 @@ class Runner:
             if index is not None:
                 chains = copied_chains(index, self.datastore, opts.lookup_tokens, opts.lookup_branches,
                                        opts.datastore_branches)
-                if opts.max_verify_rows > 0:
-                    chains = within_rows(*chains, max(opts.max_verify_rows - tree.tokens.numel(), 0))
-                tree, copied = with_lookup(tree, *chains)
+                budget = copy_budget(opts.max_verify_rows, tree.tokens.numel())
+                tree, copied = with_lookup(tree, *within_rows(*chains, budget))
             t_verify = time.perf_counter()
             # One target forward over root + tree; node i sits at position n + depth(i).
             hidden, aux = self.target.hidden_states(tree.tokens, tree.positions(n), self.cache, tree.mask,

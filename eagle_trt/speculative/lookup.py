@@ -70,6 +70,12 @@ def copied_chains(index: NgramIndex, datastore, tokens: int, branches: int,
     return chains, [c for c in extra if c not in chains][:datastore_branches]
 
 
+def copy_budget(max_verify_rows: int, tree_rows: int) -> int | None:
+    """Rows the copies may add under a cap of `max_verify_rows` verify rows when the head's tree takes `tree_rows`
+    (root included): what `within_rows` is given, by the runtime and by `tune` alike. None = no cap (0)."""
+    return max(max_verify_rows - tree_rows, 0) if max_verify_rows > 0 else None
+
+
 def within_rows(chains: list[list[int]], more: list[list[int]], budget: int | None
                 ) -> tuple[list[list[int]], list[list[int]]]:
     """The copies cut so that together they add at most `budget` nodes (their distinct prefixes, `trie_size`):

@@ -4,15 +4,17 @@
 // Why: speculative verification scores T tree tokens in one forward, and greedy decoding must give the same
 // bits as scoring each of them alone (T = 1) after its ancestors were committed. A BLAS or fused attention
 // kernel picks its blocking, lanes and threads from the call's shape, so a row's sums run in a different order
-// in the two calls. Here each (query row, KV head) is one task with a fixed schedule:
-//   1. the visible keys are listed in slot order (prefix, then the row's ancestors, then itself: the same
+// in the two calls. Here every sum has an order fixed by the row and its keys alone:
+//   1. scores: K is transposed once per call, so the score of (query vector, key) is one lane's chain of fused
+//      multiply-adds over head_dim, in order, whichever lane or tile the key lands in;
+//   2. the visible keys are listed in slot order (prefix, then the row's ancestors, then itself: the same
 //      sequence, in the same order, as the keys slots 0..p hold when that token is decoded alone);
-//   2. scores: a dot product over head_dim in fixed 16-lane chunks, summed across lanes by a fixed tree;
-//   3. softmax: max (exact in any order), exp by a fixed polynomial, the sum in fixed 16-lane chunks;
+//   3. softmax over that list: max (exact in any order), exp by a fixed polynomial, the sum in fixed-width lane
+//      chunks and a fixed lane tree (the order depends on the list's length only);
 //   4. output: sum over the listed keys in order, one lane per element of head_dim.
-// Compiled with -ffp-contract=off, with explicit fused multiply-adds (fmaf) where the sums are: no multiply-add
-// is fused in one place and left apart in another.
-// Threads split tasks, never a task, so the thread count changes no bit either.
+// Compiled with -ffp-contract=off, with explicit fused multiply-adds (simd.h, vfma) where the sums are: no
+// multiply-add is fused in one place and left apart in another. Threads split tasks (a few query rows of one KV
+// head), never a row, so the thread count changes no bit either.
 //
 // The Python side (eagle_trt/models/native_attention.py) compiles this file with the machine's C++ compiler
 // on first use and calls it through ctypes.
@@ -35,7 +37,25 @@ using namespace eagle_trt;
 constexpr int kRows = 2;
 
 struct Layout {
-    int H, Hkv, G, T, S, Sp, D, Dp;
+    int H, Hkv, G, S, Sp, D, Dp;
+};
+
+// A growable 64-byte-aligned buffer kept per thread across calls: the decode loop calls the kernel 30 times a
+// token, and OpenMP's pool threads live as long as the process, so after the first calls nothing is allocated.
+struct Buffer {
+    void* p = nullptr;
+    size_t bytes = 0;
+    template <typename T>
+    T* get(size_t count) {
+        const size_t need = (count * sizeof(T) + 63) / 64 * 64;
+        if (need > bytes) {
+            std::free(p);
+            p = std::aligned_alloc(64, need);
+            bytes = p ? need : 0;
+        }
+        return static_cast<T*>(p);
+    }
+    ~Buffer() { std::free(p); }
 };
 
 // Per call: K transposed to [Hkv][D][Sp] and V to [Hkv][S][Dp], both fp32, so a score is one lane's sequential
@@ -53,28 +73,23 @@ void convert_kv(const Layout& L, const void* k, int64_t k_sh, int64_t k_sr, cons
     }
 }
 
+// One thread's working memory, reused across calls (see Buffer).
 struct Scratch {
     int* idx = nullptr;      // [S] visible key slots, ascending
     float* raw = nullptr;    // [kRows * G][Sp] scores of every slot, for each query vector of the task
     float* scores = nullptr; // [G][Sp] one row's scores of its visible keys, compacted, then their exp
     float* q = nullptr;      // [kRows * G][Dp] the task's query vectors
     float* acc = nullptr;    // [G][Dp]
-    bool ok = false;
 
-    explicit Scratch(const Layout& L) {
-        idx = static_cast<int*>(std::malloc(sizeof(int) * (L.S > 0 ? L.S : 1)));
-        raw = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * kRows * L.G * L.Sp));
-        scores = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * L.G * L.Sp));
-        q = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * kRows * L.G * L.Dp));
-        acc = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * L.G * L.Dp));
-        ok = idx && raw && scores && q && acc;
-    }
-    ~Scratch() {
-        std::free(idx);
-        std::free(raw);
-        std::free(scores);
-        std::free(q);
-        std::free(acc);
+    // False if memory ran out.
+    bool fit(const Layout& L) {
+        static thread_local Buffer b_idx, b_raw, b_scores, b_q, b_acc;
+        idx = b_idx.get<int>(L.S);
+        raw = b_raw.get<float>((size_t)kRows * L.G * L.Sp);
+        scores = b_scores.get<float>((size_t)L.G * L.Sp);
+        q = b_q.get<float>((size_t)kRows * L.G * L.Dp);
+        acc = b_acc.get<float>((size_t)L.G * L.Dp);
+        return idx && raw && scores && q && acc;
     }
 };
 
@@ -278,19 +293,17 @@ extern "C" {
 
 // q: [H, T, D]; k, v: [Hkv, S, D] (strides in elements: per head, per row; the last dim contiguous);
 // mask: [T, S] bytes, nonzero = visible, or null (every key visible); out: [T, H * D] contiguous, in the inputs'
-// type. bf16: 0 for fp32 inputs and output, 1 for bfloat16. Returns 0, or -1 if scratch memory could not be allocated.
+// type. bf16: 0 for fp32 inputs and output, 1 for bfloat16. Returns 0; -1 if working memory could not be
+// allocated; -2 for a shape it does not take (more than 64 query heads per KV head, head_dim above 1024).
 int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const void* k, int64_t k_sh, int64_t k_sr,
                              const void* v, int64_t v_sh, int64_t v_sr, const uint8_t* mask, void* out, int H,
                              int Hkv, int T, int S, int D, float scale, int bf16, int threads) {
     if (Hkv <= 0 || H % Hkv != 0 || H / Hkv > 64 || D > 1024 || S <= 0) return -2;
-    Layout L{H, Hkv, H / Hkv, T, S, (S + kLanes - 1) / kLanes * kLanes, D, (D + kLanes - 1) / kLanes * kLanes};
-    float* kt = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * Hkv * D * L.Sp));
-    float* vv = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * Hkv * S * L.Dp));
-    if (!kt || !vv) {
-        std::free(kt);
-        std::free(vv);
-        return -1;
-    }
+    Layout L{H, Hkv, H / Hkv, S, (S + kLanes - 1) / kLanes * kLanes, D, (D + kLanes - 1) / kLanes * kLanes};
+    static thread_local Buffer b_kt, b_vv;  // the calling thread's: K transposed and V, as fp32
+    float* kt = b_kt.get<float>((size_t)Hkv * D * L.Sp);
+    float* vv = b_vv.get<float>((size_t)Hkv * S * L.Dp);
+    if (!kt || !vv) return -1;
     for (int hk = 0; hk < Hkv; ++hk)  // padding slots score 0 and are never listed as visible
         for (int d = 0; d < D; ++d)
             for (int j = S; j < L.Sp; ++j) kt[((int64_t)hk * D + d) * L.Sp + j] = 0.0f;
@@ -306,20 +319,19 @@ int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const vo
             const int hk = b / blocks, j0 = (b % blocks) * 64;
             convert_kv(L, k, k_sh, k_sr, v, v_sh, v_sr, bf16, kt, vv, hk, j0, j0 + 64 < S ? j0 + 64 : S);
         }
-        Scratch w(L);
-        if (!w.ok) {
+        Scratch w;
+        const bool ok = w.fit(L);
+        if (!ok) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(static)
         for (int task = 0; task < tasks; ++task) {
-            if (!w.ok) continue;
+            if (!ok) continue;
             const int t0 = task / Hkv * kRows, t1 = t0 + kRows < T ? t0 + kRows : T;
             one_task(L, t0, t1, task % Hkv, q, q_sh, q_sr, kt, vv, mask, out, scale, bf16, w);
         }
     }
-    std::free(kt);
-    std::free(vv);
     return failed ? -1 : 0;
 }
 
