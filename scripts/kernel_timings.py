@@ -16,24 +16,28 @@ import torch
 
 from eagle_trt.bench.stats import median_seconds
 from eagle_trt.models.gemm import Projection, prepack_enabled
-from eagle_trt.models import native_attention
+from eagle_trt.models import native_attention, native_gemm
 from eagle_trt.models.layers import attention, attention_fp64
 
 
 def projections(reps: int) -> None:
     """30 distinct [576, 3072] weights (SmolLM2's gate_up) so nothing stays in cache; ms per call."""
     print("projection [576 x 3072], ms per call:")
+    amx = native_gemm.load()
     for dtype in (torch.float32, torch.bfloat16):
         ws = [torch.randn(576, 3072).to(dtype) for _ in range(30)]
         plain = [Projection(w, prepack=False) for w in ws]
-        packed = [Projection(w, prepack=True) for w in ws] if prepack_enabled() else None
-        for rows in (1, 16):
+        packed = [Projection(w, prepack=True, amx=False) for w in ws] if prepack_enabled() else None
+        tiles = [amx.pack(w) for w in ws] if amx is not None and dtype == torch.bfloat16 else None
+        for rows in (1, 16, 17, 32):
             x = torch.randn(rows, 576).to(dtype)
             line = f"  {str(dtype):15} rows={rows:2}  x @ W {median_seconds(lambda: [x @ p.w for p in plain], reps) / 30 * 1e3:.3f}"
             if packed:
                 # Time the packed kernel itself, also for fp32 at one row (Projection would route that to x @ W).
                 ms = median_seconds(lambda: [p._packed(x) for p in packed], reps) / 30 * 1e3
-                line += f"  prepacked {ms:.3f}"
+                line += f"  oneDNN prepacked {ms:.3f}"
+            if tiles:
+                line += f"  AMX kernel {median_seconds(lambda: [amx(x, t, 3072) for t in tiles], reps) / 30 * 1e3:.3f}"
             print(line)
 
 
@@ -64,9 +68,9 @@ def forward_curve(engine: str, reps: int) -> None:
 
 
 def forward_parts(engine: str, reps: int, context: int = 300) -> None:
-    """The target forward at 1 and 17 tokens after `context` cached ones, with the engine's attention, with
-    float64 attention, and with attention replaced by zeros (the rest of the layer), beside the layers'
-    projections alone (same weights, same rows): what the extra rows of a verify pass cost, part by part.
+    """The target forward at 1 and 17 tokens after `context` cached ones: with the fused row ops (bf16, where the
+    engine has them), then on torch's row ops with the engine's attention, with float64 attention, and with
+    attention replaced by zeros (the rest of the layer), beside the layers' projections alone (same weights, same rows): what the extra rows of a verify pass cost, part by part.
     Variants interleave within each repeat; medians in ms."""
     import statistics
     import time
@@ -86,7 +90,12 @@ def forward_parts(engine: str, reps: int, context: int = 300) -> None:
     def zeros(q, k, v, mask):
         return q.new_zeros(q.shape[1], q.shape[0] * q.shape[2])
 
-    variants = {"engine's attention": target.attend, "float64 attention": attention_fp64, "zero attention": zeros}
+    # (attention, row ops): the engine's attention and its fused row ops where it has them (bf16 with a compiler),
+    # then each attention with torch's row ops.
+    variants = {"engine's attention": (target.attend, None), "float64 attention": (attention_fp64, None),
+                "zero attention": (zeros, None)}
+    if target.row_ops is not None:
+        variants = {"fused row ops": (target.attend, target.row_ops), **variants}
     projections = [p for lw in target.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)]
     times: dict[tuple[str, int], list[float]] = {}
     for _ in range(reps):
@@ -94,8 +103,8 @@ def forward_parts(engine: str, reps: int, context: int = 300) -> None:
             tokens = torch.randint(0, s.vocab_size, (t,), generator=g)
             positions = torch.arange(context, context + t)
             mask = torch.ones(t, t, dtype=torch.bool).tril_() if t > 1 else None
-            for name, attend in variants.items():
-                target.attend = attend
+            for name, (attend, row_ops) in variants.items():
+                target.attend, target.row_ops = attend, row_ops
                 start = time.perf_counter()
                 target.hidden_states(tokens, positions, cache, mask)
                 times.setdefault((name, t), []).append(time.perf_counter() - start)
@@ -104,7 +113,7 @@ def forward_parts(engine: str, reps: int, context: int = 300) -> None:
             for p in projections:
                 p(xs[p.w.shape[0]])
             times.setdefault(("projections alone", t), []).append(time.perf_counter() - start)
-    target.attend = variants["engine's attention"]
+    target.attend, target.row_ops = variants[next(iter(variants))]
     print(f"target forward parts ({e.config.dtype}, {context} cached tokens, median of {reps}), ms:")
     for name in (*variants, "projections alone"):
         one, many = (statistics.median(times[(name, t)]) * 1e3 for t in (1, 17))
@@ -117,7 +126,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--engine", default=None, help="also time the engine's target forward over 1..32 tokens")
     ap.add_argument("--parts", action="store_true", help="with --engine: only the forward's parts at 1 and 17 "
-                    "tokens (engine's / float64 / zero attention, projections alone)")
+                    "tokens (fused row ops; engine's / float64 / zero attention; projections alone)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -4,7 +4,7 @@ forward bit-identical to T one-token forwards, which is what keeps a bf16 engine
 import pytest
 import torch
 
-from eagle_trt.models import native_attention
+from eagle_trt.models import native_attention, native_gemm
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.gemm import Projection, cpu_has_native_bf16, prepack_enabled
 from eagle_trt.models.layers import additive_mask, attention, attention_fp64
@@ -26,17 +26,22 @@ def test_projection_matches_matmul(dtype, rows, prepack):
     w = torch.randn(96, 200, generator=g).to(dtype)
     x = torch.randn(rows, 96, generator=g).to(dtype)
     p = Projection(w, prepack=prepack)
-    assert (p.packed is not None) == prepack
+    assert (p.packed is not None or p.amx is not None) == prepack  # bf16 takes the AMX kernel where there is one
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.1, rtol=0.02)
     torch.testing.assert_close(p(x).float(), (x.float() @ w.float()), **tol)
 
 
 @needs_prepack
-def test_projection_rows_do_not_depend_on_the_call_size():
-    """bf16 always takes the packed kernel; each of its output rows must not depend on the other rows."""
+@pytest.mark.parametrize("kernel", ["default", "onednn"])
+def test_projection_rows_do_not_depend_on_the_call_size(kernel, monkeypatch):
+    """bf16 always takes a packed kernel (AMX where there is one, else oneDNN's); each of its output rows must not
+    depend on the other rows."""
+    if kernel == "onednn":
+        monkeypatch.setattr(native_gemm, "load", lambda: None)
     g = torch.Generator().manual_seed(0)
     w = torch.randn(576, 960, generator=g).bfloat16()
     p = Projection(w, prepack=True)
+    assert p.amx is None or kernel == "default"
     for rows in (17, 32, 33, 70):  # > 32 rows: oneDNN's other kernel, which Projection chunks around
         x = torch.randn(rows, 576, generator=g).bfloat16()
         full = p(x)
@@ -88,13 +93,16 @@ def test_fp64_attention_takes_its_mask_precomputed():
 
 
 @needs_bf16
-@pytest.mark.parametrize("attend", ["default", "float64"])
+@pytest.mark.parametrize("attend", ["default", "torch-ops", "float64"])
 def test_bf16_verify_forward_is_bit_identical_to_decoding(tiny_model_dir, attend):
-    """The default attention is the compiled row-invariant kernel where a C++ compiler exists; the float64
-    fallback must keep the property too."""
+    """The default is the compiled row-invariant attention with the fused row ops where a C++ compiler exists; the
+    kernel with torch's row ops, and the float64 fallback (no compiler), must keep the property too."""
     target = LlamaTarget.load(tiny_model_dir, dtype=torch.bfloat16)
     kernel = native_attention.load()
     assert target.attend is (kernel if kernel is not None else attention_fp64)
+    assert (target.row_ops is not None) == (kernel is not None)
+    if attend != "default":
+        target.row_ops = None
     if attend == "float64":
         target.attend = attention_fp64
     ids = torch.randint(0, target.spec.vocab_size, (64,), generator=torch.Generator().manual_seed(0))

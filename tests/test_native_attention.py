@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from eagle_trt.models import native_attention
+from eagle_trt.models import native, native_attention
 from eagle_trt.models.layers import attention_fp64
 from eagle_trt.models.llama import pick_attention
 
@@ -104,24 +104,26 @@ def test_rejects_bad_input():
 
 
 def test_build_reports_the_compiler_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(native_attention, "_compiler", lambda: None)
+    monkeypatch.setattr(native, "_compiler", lambda: None)
     with pytest.raises(RuntimeError, match=r"no C\+\+ compiler found \(set CXX, or install g\+\+\)"):
-        native_attention.build(out_dir=tmp_path)
+        native.build(out_dir=tmp_path)
     bogus = tmp_path / "cxx"
     bogus.write_text("#!/bin/sh\necho 'cxx: cannot build' >&2\nexit 1\n")
     bogus.chmod(0o755)
     with pytest.raises(RuntimeError, match="cannot build"):
-        native_attention.build(compiler=str(bogus), out_dir=tmp_path / "k")
+        native.build(compiler=str(bogus), out_dir=tmp_path / "k")
     assert not list((tmp_path / "k").glob("*.so*"))  # nothing half-written left behind
 
 
 def test_disabled_falls_back_to_float64(tmp_path):
-    """EAGLE_TRT_NATIVE=0 (or no compiler): bf16 uses float64 attention; fp32 always the fused kernel."""
+    """EAGLE_TRT_NATIVE=0 (or no compiler): bf16 uses float64 attention and torch's row ops; fp32 always the fused
+    attention kernel."""
     code = ("import torch; from eagle_trt.models.llama import pick_attention; "
             "from eagle_trt.models.layers import attention, attention_fp64; "
             "cpu = torch.device('cpu'); "
             "assert pick_attention(torch.bfloat16, cpu) is attention_fp64; "
-            "assert pick_attention(torch.float32, cpu) is attention; print('ok')")
+            "assert pick_attention(torch.float32, cpu) is attention; "
+            "from eagle_trt.models import native_ops; assert native_ops.load() is None; print('ok')")
     env = dict(os.environ, EAGLE_TRT_NATIVE="0", EAGLE_TRT_CACHE=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
@@ -130,7 +132,7 @@ def test_disabled_falls_back_to_float64(tmp_path):
 
 @needs_kernel
 def test_kernel_is_cached_per_source_and_cpu(tmp_path):
-    first = native_attention.build(out_dir=tmp_path)
+    first = native.build(out_dir=tmp_path)
     mtime = first.stat().st_mtime_ns
-    assert native_attention.build(out_dir=tmp_path) == first and first.stat().st_mtime_ns == mtime
+    assert native.build(out_dir=tmp_path) == first and first.stat().st_mtime_ns == mtime
     assert pick_attention(torch.bfloat16, torch.device("cpu")) is kernel

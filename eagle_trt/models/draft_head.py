@@ -77,6 +77,10 @@ class Eagle3DraftHead:
             raise CheckpointError(f"{source}: 'd2t' maps draft ids outside the target vocab ({target.spec.vocab_size})")
         w.pop("t2d", None)
         self.rope = Rope(hd, s.rope_theta, s.rope_scaling, target.rope.cos.shape[0], dtype)
+        # The target's fused bf16 row ops where it has them (and the head's shapes fit them), else torch's.
+        ops = getattr(target, "row_ops", None)
+        self.row_ops = ops if ops is not None and dtype == torch.bfloat16 and ops.supports(
+            s.num_heads, s.num_kv_heads, hd, False) else None
 
     @classmethod
     def load(cls, draft_dir: str | Path, target, dtype: torch.dtype = torch.float32) -> "Eagle3DraftHead":
@@ -119,6 +123,8 @@ class Eagle3DraftHead:
         s = self.spec
         t = tokens.shape[0]
         eps = s.rms_norm_eps
+        if self.row_ops is not None and cache.k.dtype == torch.bfloat16:
+            return self._forward_fused(hidden, tokens, positions, cache, start, mask, last_only)
         h_in = rms_norm(hidden, self.input_norm, eps) if self.hidden_prenorm else hidden
         x = torch.cat([rms_norm(self.embed[tokens], self.input_norm, eps), rms_norm(h_in, self.hidden_norm, eps)], -1)
         q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
@@ -132,3 +138,20 @@ class Eagle3DraftHead:
         out = out + swiglu_mlp(rms_norm(out, self.post_norm, eps), self.gate_up, self.down)
         logits = self.lm_head(rms_norm(out[-1:] if last_only else out, self.norm, eps))
         return logits, out
+
+    def _forward_fused(self, hidden, tokens, positions, cache, start, mask, last_only):
+        """`forward` with the target's fused bf16 row ops (models/native_ops.py): torch's values up to the norms'
+        last bits, in a fraction of the operator calls. The head only proposes, so its numerics need no
+        invariance; this is for speed."""
+        s, ops, eps = self.spec, self.row_ops, self.spec.rms_norm_eps
+        hidden = hidden.contiguous()
+        h_in = ops.add_rms_norm(hidden, None, self.input_norm, eps) if self.hidden_prenorm else hidden
+        x = torch.cat([ops.add_rms_norm(self.embed[tokens], None, self.input_norm, eps),
+                       ops.add_rms_norm(h_in, None, self.hidden_norm, eps)], -1)
+        cos, sin = self.rope.tables(positions)
+        q = ops.rope_qkv(self.qkv(x), None, cos, sin, cache.k[0], cache.v[0], start, s.num_heads, s.num_kv_heads)
+        kc, vc = cache.read(0, start + tokens.shape[0])
+        out = hidden.clone()  # the caller's features stay as they are
+        h = ops.add_rms_norm(out, self.o(attention(q, kc, vc, mask)), self.post_norm, eps)
+        h = ops.add_rms_norm(out, self.down(ops.silu_mul(self.gate_up(h))), self.norm, eps)
+        return self.lm_head(h[-1:] if last_only else h), out

@@ -1,4 +1,4 @@
-"""Fixed-weight projections `y = x @ W` with the fastest CPU kernel for the number of rows.
+"""Fixed-weight projections `y = x @ W` with the fastest CPU kernel for the dtype and the number of rows.
 
 Profiled on the project machine (`python scripts/kernel_timings.py --threads 2`: SmolLM2's [576, 3072],
 30 distinct weights so nothing stays in cache):
@@ -9,13 +9,15 @@ Profiled on the project machine (`python scripts/kernel_timings.py --threads 2`:
 | oneDNN, weight prepacked once   | 0.28 ms     | 0.44 ms       | 0.11 ms     | 0.11 ms       |
 
 So a plain GEMM serves fp32 decoding (one row), and a weight prepacked for oneDNN serves tree
-verification (many rows) and every bfloat16 call (AMX/AVX-512-BF16 kernels). Prepacking copies the weight,
-so fp32 keeps both layouts (about twice the weight memory); bf16 keeps the plain one only as the fallback.
-Where oneDNN is missing (other builds, GPU tensors) every call is a plain `x @ W`.
+verification (many rows). Prepacking copies the weight, so fp32 keeps both layouts (about twice the weight
+memory). Where oneDNN is missing (other builds, GPU tensors) every call is a plain `x @ W`.
 
-Up to 32 rows the prepacked bf16 kernel computes each output row independently of how many rows are in the
-call; larger bf16 calls are split into 32-row chunks (tests/test_gemm.py checks both), so a T-token verify
-forward gives the same bits as T one-token forwards.
+bf16 weights go to the AMX kernel (models/native_gemm.py) on CPUs that have AMX and a C++ compiler: every output
+row a function of its input row at any row count, and a whole layer's projections about a quarter faster than
+oneDNN's at 1 to 32 rows (`kernel_timings.py` prints both). Elsewhere bf16 takes oneDNN's prepacked kernel, which
+up to 32 rows computes each output row independently of how many rows are in the call; larger calls are split into
+32-row chunks (tests/test_gemm.py checks both). Either way a T-token verify forward gives the same bits as T
+one-token forwards.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from __future__ import annotations
 import os
 
 import torch
+
+from eagle_trt.models import native_gemm
 
 # Row count the packed layout is tuned for (the default tree verifies 16 tokens plus the root).
 PACK_ROWS = 16
@@ -42,14 +46,21 @@ def prepack_enabled() -> bool:
 class Projection:
     """y = x @ W for W [in, out] (stored transposed from the checkpoint's [out, in])."""
 
-    __slots__ = ("w", "packed", "single_row_packed")
+    __slots__ = ("w", "packed", "single_row_packed", "amx", "amx_kernel")
 
-    def __init__(self, w: torch.Tensor, prepack: bool | None = None):
+    def __init__(self, w: torch.Tensor, prepack: bool | None = None, amx: bool = True):
         self.w = w
         self.packed = None
         self.single_row_packed = False
+        self.amx = None  # the weight in the AMX kernel's tile layout (bf16 on CPUs with AMX)
+        self.amx_kernel = None
         if prepack is None:
             prepack = prepack_enabled()
+        # amx=False keeps a bf16 weight on oneDNN (for timing the two side by side).
+        kernel = native_gemm.load() if prepack and amx and w.dtype == torch.bfloat16 else None
+        if kernel is not None and kernel.supports(w):
+            self.amx, self.amx_kernel = kernel.pack(w), kernel
+            return
         if prepack and w.device.type == "cpu" and w.dtype in _PACKABLE and w.dim() == 2:
             try:
                 packed = torch.ops.mkldnn._reorder_linear_weight(w.t().contiguous(), PACK_ROWS)
@@ -62,6 +73,8 @@ class Projection:
                 self.packed = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.amx is not None and x.dim() == 2:
+            return self.amx_kernel(x, self.amx, self.w.shape[1])
         if self.packed is None or x.dim() != 2 or (x.shape[0] == 1 and not self.single_row_packed):
             return x @ self.w
         x = x.contiguous()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from eagle_trt.models import native_attention
+from eagle_trt.models import native_attention, native_ops
 from eagle_trt.models.gemm import Projection
 from eagle_trt.models.kv_cache import KVCache
 from eagle_trt.models.layers import Rope, additive_mask, attention, attention_fp64, rms_norm, swiglu_mlp
@@ -53,6 +53,18 @@ def pick_attention(dtype: torch.dtype, device: torch.device, spec: TargetSpec | 
     return attention_fp64
 
 
+def pick_row_ops(dtype: torch.dtype, device: torch.device, spec: TargetSpec, attend) -> "native_ops.RowOps | None":
+    """The fused per-row ops (norms, RoPE + cache write, SiLU * up; models/native_ops.py) for a bf16 target on the
+    CPU whose attention is the compiled kernel; None keeps the torch operators (fp32, which matches transformers'
+    op order bit for bit, and every fallback)."""
+    if dtype != torch.bfloat16 or device.type != "cpu" or not isinstance(attend, native_attention.NativeAttention):
+        return None
+    ops = native_ops.load()
+    if ops is None or not ops.supports(spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.attention_bias):
+        return None
+    return ops
+
+
 class LlamaTarget:
     def __init__(self, spec: TargetSpec, embed, layers, norm, lm_head, dtype, max_positions: int | None = None):
         self.spec = spec
@@ -65,6 +77,7 @@ class LlamaTarget:
                          max_positions or spec.max_position_embeddings, dtype)
         self.aux_layer_ids: list[int] = []
         self.attend = pick_attention(dtype, embed.device, spec)
+        self.row_ops = pick_row_ops(dtype, embed.device, spec, self.attend)
 
     # ---- loading -----------------------------------------------------------------------------
     @classmethod
@@ -153,6 +166,8 @@ class LlamaTarget:
         t = tokens.shape[0]
         start = cache.length
         end = start + t
+        if self.row_ops is not None and cache.k.dtype == torch.bfloat16:
+            return self._hidden_states_fused(tokens, positions, cache, tree_mask, need_aux, rows)
         mask = None
         if t > 1:
             # [T, end]: prefix fully visible, new tokens by tree (or causal) mask.
@@ -184,3 +199,37 @@ class LlamaTarget:
             return x, None
         # Order follows aux_layer_ids (ascending, as modelopt concatenates them).
         return x, torch.cat(aux, dim=-1)
+
+    def _hidden_states_fused(self, tokens, positions, cache, tree_mask, need_aux, rows):
+        """`hidden_states` with the per-row ops fused (bf16, bf16 KV cache): the same bits as the torch operators
+        (tests/test_native_ops.py), a fraction of the calls. The residual add of each layer's MLP is done by the
+        next norm's call, so a layer's output (an EAGLE-3 feature) is read after that call."""
+        s, ops = self.spec, self.row_ops
+        t = tokens.shape[0]
+        start = cache.length
+        mask = None
+        if t > 1:
+            local = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool).tril_()
+            mask = torch.cat([torch.ones(t, start, dtype=torch.bool), local], dim=1)
+        aux = []
+        want = set(self.aux_layer_ids) if need_aux else set()
+        x = self.embed[tokens]  # [T, hidden], a fresh tensor: updated in place below
+        cos, sin = self.rope.tables(positions)
+        pending = None  # the last layer's MLP output, not yet added to x
+        for i, lw in enumerate(self.layers):
+            h = ops.add_rms_norm(x, pending, lw.input_norm, s.rms_norm_eps)
+            if i - 1 in want:
+                aux.append(x.clone())
+            q = ops.rope_qkv(lw.qkv(h), lw.qkv_bias, cos, sin, cache.k[i], cache.v[i], start, s.num_heads,
+                             s.num_kv_heads)
+            kc, vc = cache.read(i, start + t)
+            h = ops.add_rms_norm(x, lw.o(self.attend(q, kc, vc, mask)), lw.post_norm, s.rms_norm_eps)
+            pending = lw.down(ops.silu_mul(lw.gate_up(h)))
+        h = ops.add_rms_norm(x, pending, self.norm, s.rms_norm_eps)
+        if len(self.layers) - 1 in want:
+            aux.append(x)
+        if rows is not None:
+            h = h[rows]
+        if not need_aux:
+            return h, None
+        return h, torch.cat(aux, dim=-1)

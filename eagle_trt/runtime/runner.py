@@ -19,6 +19,7 @@ import torch
 
 from eagle_trt.errors import InputError
 from eagle_trt.models.draft_head import Eagle3DraftHead
+from eagle_trt.models.gemm import INVARIANT_ROWS
 from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.runtime.drafter import Drafter
 from eagle_trt.runtime.metrics import GenerationMetrics, StepRecord
@@ -227,11 +228,7 @@ class Runner:
             hidden, aux = self.target.hidden_states(tree.tokens, tree.positions(n), self.cache, tree.mask,
                                                     need_aux=True)
             if self._params.greedy and opts.posterior_threshold is None:
-                # Logits only where a child is checked (the root and inner nodes); a leaf's only when the
-                # accepted path ends there (its bonus token). Saves most of the lm_head GEMM.
-                inner = torch.unique(torch.cat([tree.parents[1:], torch.zeros(1, dtype=torch.long)]))
-                target_next = torch.full_like(tree.tokens, -1)
-                target_next[inner] = self.target.logits(hidden[inner]).argmax(dim=-1)
+                target_next = self._greedy_next(tree, hidden)
                 path, bonus = verify_greedy(tree, target_next)
                 if bonus < 0:
                     bonus = int(self.target.logits(hidden[path[-1:]]).argmax())
@@ -259,6 +256,18 @@ class Runner:
             t = time.perf_counter()
             self.drafter.extend(aux[path], torch.tensor(accepted + [bonus]))
             carry_draft_s = time.perf_counter() - t
+
+    def _greedy_next(self, tree: Tree, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's argmax after each node (-1 where not computed). The LM head is one pass over its weight
+        for any row count up to `INVARIANT_ROWS`, so a tree that fits is scored whole, leaves included (the bonus
+        then needs no second pass). A larger one gets logits only where a child is checked (the root and inner
+        nodes), and a leaf's only when the accepted path ends there."""
+        if tree.tokens.numel() <= INVARIANT_ROWS:
+            return self.target.logits(hidden).argmax(dim=-1)
+        inner = torch.unique(torch.cat([tree.parents[1:], torch.zeros(1, dtype=torch.long)]))
+        target_next = torch.full_like(tree.tokens, -1)
+        target_next[inner] = self.target.logits(hidden[inner]).argmax(dim=-1)
+        return target_next
 
     def _check_prompt(self, prompt_ids: list[int], opts: DecodeOptions) -> None:
         if not prompt_ids:

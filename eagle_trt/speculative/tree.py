@@ -48,20 +48,17 @@ def tree_from_parents(tokens: torch.Tensor, parents: torch.Tensor) -> Tree:
     par = parents.tolist()
     if par[0] != -1 or any(not (0 <= p < i) for i, p in enumerate(par) if i > 0):
         raise ValueError(f"parents must list the root first and every parent before its child: {par}")
+    # Ancestor lists in plain Python (a tree has tens of nodes: per-node tensor ops would cost more than the work).
+    lineage: list[list[int]] = [[0]]
+    for i in range(1, n):
+        lineage.append(lineage[par[i]] + [i])
+    depths = [len(line) - 1 for line in lineage]
     mask = torch.zeros(n, n, dtype=torch.bool)
-    depths = [0] * n
-    for i in range(n):
-        if i:
-            mask[i] = mask[par[i]]
-            depths[i] = depths[par[i]] + 1
-        mask[i, i] = True
+    mask[[i for i, line in enumerate(lineage) for _ in line], [j for line in lineage for j in line]] = True
     is_parent = set(par[1:])
-    leaves = [i for i in range(n) if i not in is_parent]
     dmax = max(depths)
-    retrieve = torch.full((len(leaves), dmax + 1), -1, dtype=torch.long)
-    for row, leaf in enumerate(leaves):
-        path = mask[leaf].nonzero().flatten()  # ancestors are exactly the True columns, in index order
-        retrieve[row, : path.numel()] = path
+    retrieve = torch.tensor([line + [-1] * (dmax + 1 - len(line)) for i, line in enumerate(lineage)
+                             if i not in is_parent], dtype=torch.long)
     return Tree(tokens.long(), torch.tensor(par, dtype=torch.long), torch.tensor(depths, dtype=torch.long),
                 mask, retrieve)
 

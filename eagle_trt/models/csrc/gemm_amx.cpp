@@ -1,0 +1,190 @@
+// bf16 projections y = x @ W on Intel AMX tiles, with every output row a function of that row of x alone.
+//
+// Why: a verify pass multiplies T tree rows by each weight, and greedy decoding must give the same bits as
+// multiplying each row alone. Here every output element is one chain of tile multiply-adds over K in blocks of
+// 32, in the same order whatever the row count: a row's chain does not change with the rows beside it in the tile
+// (the instruction treats tile rows independently), and threads split columns, never a sum. And it streams the
+// weights once for up to 32 rows (two row tiles share each weight tile), where oneDNN's kernel read them twice past
+// 16 rows; at one row it keeps closer to the memory bandwidth (docs/bench.md, `scripts/kernel_timings.py`).
+//
+// Weights are packed once at load: for each group of 32 output columns, for each block of 32 K, two B tiles
+// (16 K-pairs x 16 columns x 2, the pair order the instruction reads). K must be a multiple of 32; columns are
+// padded with zeros to a multiple of 32. Rounding to bf16 at the end is to nearest even.
+//
+// Compiled only where the compiler targets AMX (-march=native on a CPU with amx_tile and amx_bf16); elsewhere
+// eagle_trt_amx_available() returns 0 and the engine keeps oneDNN.
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
+#define EAGLE_TRT_AMX 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace {
+
+constexpr int kGroupCols = 32;  // output columns per group: two 16-column result tiles
+constexpr int kBlockK = 32;     // K per tile step (16 bf16 pairs)
+constexpr int kPanel = 2 * 16 * 32;  // bf16 elements of one group's two B tiles for one K block
+
+#ifdef EAGLE_TRT_AMX
+struct TileConfig {
+    uint8_t palette = 1, start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64, "the tile configuration is 64 bytes");
+
+// Tiles: 0,1 results of row tile 0 (columns 0-15, 16-31); 2,3 of row tile 1; 4,5 the x row tiles; 6,7 weights.
+void configure(int m0, int m1) {
+    TileConfig cfg;
+    for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64;
+    cfg.rows[0] = cfg.rows[1] = cfg.rows[4] = static_cast<uint8_t>(m0);
+    cfg.rows[2] = cfg.rows[3] = cfg.rows[5] = static_cast<uint8_t>(m1 ? m1 : 1);
+    cfg.rows[6] = cfg.rows[7] = 16;
+    _tile_loadconfig(&cfg);
+}
+
+void store_rows(const float* c, int rows, uint16_t* out, int64_t ldo, int ncols) {
+    for (int r = 0; r < rows; ++r) {
+        const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(c + r * 16)));
+        if (ncols == 16) {
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo), h);
+        } else {
+            uint16_t tmp[16];
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(tmp), h);
+            std::memcpy(out + r * ldo, tmp, ncols * sizeof(uint16_t));
+        }
+    }
+}
+
+// Up to 32 rows of x (m0 <= 16 in the first row tile, m1 <= 16 in the second) times one column group.
+void group_rows(const uint16_t* x, int64_t K, int m0, int m1, const uint16_t* wg, uint16_t* out, int64_t N,
+                int64_t col) {
+    const int64_t blocks = K / kBlockK, lda = K * static_cast<int64_t>(sizeof(uint16_t));
+    _tile_zero(0);
+    _tile_zero(1);
+    if (m1) {
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t kb = 0; kb < blocks; ++kb) {
+            const uint16_t* b = wg + kb * kPanel;
+            _tile_loadd(6, b, 64);
+            _tile_loadd(7, b + kPanel / 2, 64);
+            _tile_loadd(4, x + kb * kBlockK, lda);
+            _tile_loadd(5, x + 16 * K + kb * kBlockK, lda);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    } else {
+        for (int64_t kb = 0; kb < blocks; ++kb) {
+            const uint16_t* b = wg + kb * kPanel;
+            _tile_loadd(6, b, 64);
+            _tile_loadd(7, b + kPanel / 2, 64);
+            _tile_loadd(4, x + kb * kBlockK, lda);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+        }
+    }
+    alignas(64) float c[16 * 16];
+    const int n0 = N - col >= 16 ? 16 : static_cast<int>(N - col);
+    const int n1 = N - col - 16 >= 16 ? 16 : static_cast<int>(N - col - 16);
+    _tile_stored(0, c, 64);
+    store_rows(c, m0, out + col, N, n0);
+    if (n1 > 0) {
+        _tile_stored(1, c, 64);
+        store_rows(c, m0, out + col + 16, N, n1);
+    }
+    if (m1) {
+        _tile_stored(2, c, 64);
+        store_rows(c, m1, out + 16 * N + col, N, n0);
+        if (n1 > 0) {
+            _tile_stored(3, c, 64);
+            store_rows(c, m1, out + 16 * N + col + 16, N, n1);
+        }
+    }
+}
+#endif
+
+}  // namespace
+
+extern "C" {
+
+// 1 when this build has the AMX kernel and the kernel may use the tiles (Linux grants the permission per process),
+// else 0.
+int eagle_trt_amx_available() {
+#ifdef EAGLE_TRT_AMX
+    // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; granting it again is harmless.
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? 1 : 0;
+#else
+    return 0;
+#endif
+}
+
+// Elements of the packed weight for [K, N].
+int64_t eagle_trt_amx_packed_size(int64_t K, int64_t N) {
+    return (N + kGroupCols - 1) / kGroupCols * kGroupCols * K;
+}
+
+// w: [K, N] bf16 row-major -> packed (eagle_trt_amx_packed_size elements). Returns -2 if K is not a multiple of 32.
+int eagle_trt_amx_pack(const uint16_t* w, uint16_t* packed, int64_t K, int64_t N) {
+    if (K <= 0 || K % kBlockK || N <= 0) return -2;
+    const int64_t groups = (N + kGroupCols - 1) / kGroupCols, blocks = K / kBlockK;
+    for (int64_t g = 0; g < groups; ++g)
+        for (int64_t kb = 0; kb < blocks; ++kb)
+            for (int t = 0; t < 2; ++t)
+                for (int pair = 0; pair < 16; ++pair)
+                    for (int n = 0; n < 16; ++n)
+                        for (int e = 0; e < 2; ++e) {
+                            const int64_t k = kb * kBlockK + 2 * pair + e, col = g * kGroupCols + t * 16 + n;
+                            packed[((((g * blocks + kb) * 2 + t) * 16 + pair) * 16 + n) * 2 + e] =
+                                col < N ? w[k * N + col] : 0;
+                        }
+    return 0;
+}
+
+// out [M, N] = x [M, K] @ W, bf16, x and out contiguous. Threads split column groups. Returns 0; -2 for a shape it
+// does not take; -3 if this build has no AMX kernel.
+int eagle_trt_amx_gemm(const uint16_t* x, const uint16_t* packed, uint16_t* out, int64_t M, int64_t K, int64_t N,
+                       int threads) {
+#ifdef EAGLE_TRT_AMX
+    if (K <= 0 || K % kBlockK || N <= 0 || M <= 0) return -2;
+    const int64_t groups = (N + kGroupCols - 1) / kGroupCols, blocks = K / kBlockK;
+    const int nthreads = threads > 0 ? threads : 1;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1 && groups > 1)
+    {
+        // Tile state is per thread and other libraries in the process (oneDNN) use it too: keep theirs, restore it.
+        TileConfig saved;
+        _tile_storeconfig(&saved);
+        int m0_now = -1, m1_now = -1;
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < groups; ++g) {
+            const uint16_t* wg = packed + g * blocks * kPanel;
+            for (int64_t r = 0; r < M; r += 32) {  // each 32-row chunk re-reads the group from cache, not memory
+                const int64_t left = M - r;
+                const int m0 = left >= 16 ? 16 : static_cast<int>(left);
+                const int m1 = left > 16 ? (left >= 32 ? 16 : static_cast<int>(left - 16)) : 0;
+                if (m0 != m0_now || m1 != m1_now) {
+                    configure(m0, m1);
+                    m0_now = m0;
+                    m1_now = m1;
+                }
+                group_rows(x + r * K, K, m0, m1, wg, out + r * N, N, g * kGroupCols);
+            }
+        }
+        _tile_loadconfig(&saved);  // an all-zero saved state (nothing configured) releases the tiles
+    }
+    return 0;
+#else
+    (void)x, (void)packed, (void)out, (void)M, (void)K, (void)N, (void)threads;
+    return -3;
+#endif
+}
+
+}  // extern "C"

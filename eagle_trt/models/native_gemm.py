@@ -1,0 +1,75 @@
+"""bf16 projections on Intel AMX tiles (`csrc/gemm_amx.cpp`, built by `native.py`).
+
+Each output row is a function of that row of x alone at any row count, so a verify pass's projections give the
+same bits as decoding each token alone without the 32-row chunking oneDNN needs; and it streams each weight once
+for up to 32 rows. `Projection` (models/gemm.py) uses it for bf16 weights whose input size is a multiple of 32 on
+CPUs with AMX; elsewhere (no AMX, no compiler, EAGLE_TRT_NATIVE=0) `load()` returns None and oneDNN serves.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from eagle_trt.models import native
+
+
+class AmxGemm:
+    def __init__(self, lib: ctypes.CDLL):
+        i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+        self._size = lib.eagle_trt_amx_packed_size
+        self._size.argtypes, self._size.restype = [i64, i64], i64
+        self._pack = lib.eagle_trt_amx_pack
+        self._pack.argtypes, self._pack.restype = [ptr, ptr, i64, i64], i32
+        self._gemm = lib.eagle_trt_amx_gemm
+        self._gemm.argtypes, self._gemm.restype = [ptr, ptr, ptr, i64, i64, i64, i32], i32
+
+    @staticmethod
+    def supports(w: torch.Tensor) -> bool:
+        """A bf16 [in, out] CPU weight with `in` a multiple of 32 (the kernel's K block)."""
+        return w.dtype == torch.bfloat16 and w.device.type == "cpu" and w.dim() == 2 and w.shape[0] % 32 == 0
+
+    def pack(self, w: torch.Tensor) -> torch.Tensor:
+        """w [in, out] bf16 -> the kernel's tile layout (a flat bf16 tensor)."""
+        if not self.supports(w):
+            raise ValueError(f"AMX projections take a bf16 [in, out] weight with in a multiple of 32, got "
+                             f"{w.dtype} {list(w.shape)}")
+        w = w.contiguous()
+        k, n = w.shape
+        packed = torch.empty(self._size(k, n), dtype=torch.bfloat16)
+        if self._pack(w.data_ptr(), packed.data_ptr(), k, n) != 0:
+            raise RuntimeError(f"AMX weight packing failed for shape {list(w.shape)}")
+        return packed
+
+    def __call__(self, x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+        """x [M, in] bf16 -> [M, out_features]."""
+        if x.dtype != torch.bfloat16 or x.dim() != 2:
+            raise TypeError(f"AMX projections take a 2-D bf16 input, got {x.dtype} {list(x.shape)}")
+        x = x.contiguous()
+        m, k = x.shape
+        if packed.numel() != self._size(k, out_features):
+            raise ValueError(f"input has {k} features; the packed weight is for another shape")
+        out = torch.empty(m, out_features, dtype=torch.bfloat16)
+        if m == 0:
+            return out
+        rc = self._gemm(x.data_ptr(), packed.data_ptr(), out.data_ptr(), m, k, out_features, torch.get_num_threads())
+        if rc != 0:
+            raise RuntimeError(f"AMX projection failed (code {rc}) for x {list(x.shape)}, {out_features} outputs")
+        return out
+
+
+_gemm: AmxGemm | None = None
+_tried = False
+
+
+def load() -> AmxGemm | None:
+    """The AMX kernel (one per process), or None: no AMX on this CPU (or the OS refused the tiles), no compiler,
+    or EAGLE_TRT_NATIVE=0 (see `native.library`)."""
+    global _gemm, _tried
+    if not _tried:
+        _tried = True
+        lib = native.library()
+        if lib is not None and lib.eagle_trt_amx_available() == 1:
+            _gemm = AmxGemm(lib)
+    return _gemm

@@ -1,0 +1,114 @@
+"""The bf16 decoder layer's per-row operations in C++ (`csrc/row_ops.cpp`, built by `native.py`).
+
+Residual add + RMSNorm, RoPE + the KV-cache write, and SiLU(gate) * up, each one call instead of five to fifteen
+torch operators. Rows are computed independently, in an order fixed by the row length, so a tree-verify row
+gives the same bits as decoding that token alone. The bf16 target uses them where its KV cache is bf16
+(`LlamaTarget`); without a compiler, or with EAGLE_TRT_NATIVE=0, `load()` returns None and the layer runs on
+torch operators.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from eagle_trt.models import native
+
+# The RoPE kernel stages a biased qkv row on its stack: (heads + 2 kv heads) * head_dim up to this many elements.
+MAX_BIASED_ROW = 8192 + 3 * 1024
+
+
+class RowOps:
+    def __init__(self, lib: ctypes.CDLL):
+        i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
+        self._norm = lib.eagle_trt_add_rms_norm
+        self._norm.argtypes = [ptr, ptr, ptr, ptr, i64, i64, f32, i32]
+        self._rope = lib.eagle_trt_rope_qkv
+        self._rope.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, i64, i64, i64, i64, i64, i64, i32]
+        self._silu = lib.eagle_trt_silu_mul
+        self._silu.argtypes = [ptr, ptr, i64, i64, i32]
+        for fn in (self._norm, self._rope, self._silu):
+            fn.restype = i32
+
+    @staticmethod
+    def supports(heads: int, kv_heads: int, head_dim: int, has_bias: bool) -> bool:
+        """Shapes the kernels take: an even head_dim up to 1024, and a biased qkv row that fits the stage."""
+        return head_dim % 2 == 0 and 0 < head_dim <= 1024 and (
+            not has_bias or (heads + 2 * kv_heads) * head_dim <= MAX_BIASED_ROW)
+
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+        """x [T, n] bf16 contiguous becomes x + delta in place (delta None: unchanged); returns RMSNorm(x) * weight."""
+        _check(x, "x")
+        t, n = x.shape
+        if delta is not None:
+            delta = delta.contiguous()
+            _check(delta, "delta", (t, n))
+        _check(weight, "weight", (n,))
+        h = torch.empty_like(x)
+        rc = self._norm(x.data_ptr(), delta.data_ptr() if delta is not None else None, weight.data_ptr(),
+                        h.data_ptr(), t, n, eps, torch.get_num_threads())
+        _ok(rc, "add_rms_norm")
+        return h
+
+    def rope_qkv(self, qkv: torch.Tensor, bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, heads: int, kv_heads: int) -> torch.Tensor:
+        """qkv [T, (H + 2 Hkv) D] (+ bias) -> q [H, T, D] rotated; k rotated and v written to rows start.. of
+        k_cache / v_cache ([Hkv, capacity, D] views, last dim contiguous)."""
+        qkv = qkv.contiguous()
+        _check(qkv, "qkv")
+        t, width = qkv.shape
+        d = width // (heads + 2 * kv_heads)
+        for name, table in (("cos", cos), ("sin", sin)):
+            _check(table.contiguous(), name, (t, d))
+        cos, sin = cos.contiguous(), sin.contiguous()
+        if bias is not None:
+            _check(bias, "bias", (width,))
+        for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if c.dtype != torch.bfloat16 or c.stride(-1) != 1 or c.shape[0] != kv_heads or c.shape[-1] != d:
+                raise ValueError(f"{name} must be a bf16 [{kv_heads}, capacity, {d}] view, got {c.dtype} "
+                                 f"{tuple(c.shape)}")
+            if start + t > c.shape[1]:
+                raise RuntimeError(f"KV cache full: need {start + t} slots, capacity {c.shape[1]}")
+        q = torch.empty(heads, t, d, dtype=torch.bfloat16)
+        rc = self._rope(qkv.data_ptr(), bias.data_ptr() if bias is not None else None, cos.data_ptr(), sin.data_ptr(),
+                        q.data_ptr(), k_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1), v_cache.data_ptr(),
+                        v_cache.stride(0), v_cache.stride(1), start, t, heads, kv_heads, d, torch.get_num_threads())
+        _ok(rc, "rope_qkv")
+        return q
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up [T, 2I] bf16 (gate columns, then up) -> silu(gate) * up [T, I]."""
+        gate_up = gate_up.contiguous()
+        _check(gate_up, "gate_up")
+        t, two_i = gate_up.shape
+        out = torch.empty(t, two_i // 2, dtype=torch.bfloat16)
+        _ok(self._silu(gate_up.data_ptr(), out.data_ptr(), t, two_i // 2, torch.get_num_threads()), "silu_mul")
+        return out
+
+
+def _check(x: torch.Tensor, name: str, shape: tuple | None = None) -> None:
+    if x.dtype != torch.bfloat16 or not x.is_contiguous() or x.device.type != "cpu":
+        raise TypeError(f"native row ops take contiguous bf16 CPU tensors; {name} is {x.dtype} on {x.device}")
+    if shape is not None and tuple(x.shape) != shape:
+        raise ValueError(f"{name} must be {list(shape)}, got {list(x.shape)}")
+    if shape is None and x.dim() != 2:
+        raise ValueError(f"{name} must be 2-D [rows, width], got {list(x.shape)}")
+
+
+def _ok(rc: int, what: str) -> None:
+    if rc != 0:
+        raise RuntimeError(f"native {what} failed: unsupported shape (code {rc})")
+
+
+_ops: RowOps | None = None
+
+
+def load() -> RowOps | None:
+    """The compiled row ops (one per process), or None (disabled, no compiler, or the build failed: see
+    `native.library`)."""
+    global _ops
+    if _ops is None and (lib := native.library()) is not None:
+        _ops = RowOps(lib)
+    return _ops

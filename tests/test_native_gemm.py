@@ -1,0 +1,85 @@
+"""bf16 projections on AMX tiles (models/native_gemm.py): matmul's values, every output row a function of its
+input row alone (any row count, any thread count), and oneDNN's own AMX use unharmed beside it."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from eagle_trt.models import native_gemm
+from eagle_trt.models.gemm import Projection
+
+amx = native_gemm.load()
+needs_amx = pytest.mark.skipif(amx is None, reason="no AMX here (or no C++ compiler): bf16 projections use oneDNN")
+
+
+def _w_x(k, n, m, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(k, n, generator=g).bfloat16(), torch.randn(m, k, generator=g).bfloat16()
+
+
+@needs_amx
+@pytest.mark.parametrize("k,n", [(32, 16), (576, 960), (1536, 576), (64, 40), (96, 1000)])
+@pytest.mark.parametrize("m", [1, 5, 16, 17, 32, 33, 70])
+def test_matches_matmul(k, n, m):
+    w, x = _w_x(k, n, m, seed=k + n + m)
+    got = amx(x, amx.pack(w), n)
+    assert got.shape == (m, n) and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), x.float() @ w.float(), atol=0.15, rtol=0.02)
+
+
+@needs_amx
+def test_each_row_equals_that_row_alone_at_any_thread_count():
+    w, x = _w_x(576, 3072 + 32 + 8, 70)  # a last column group partly filled
+    packed = amx.pack(w)
+    full = amx(x, packed, w.shape[1])
+    for m in (1, 7, 16, 17, 31, 32, 33, 64, 70):
+        part = amx(x[:m], packed, w.shape[1])
+        assert torch.equal(part, full[:m]), m
+    for i in (0, 15, 16, 31, 32, 69):
+        assert torch.equal(amx(x[i:i + 1], packed, w.shape[1]), full[i:i + 1]), i
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(amx(x, packed, w.shape[1]), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_amx
+def test_onednn_bf16_still_right_around_it(monkeypatch):
+    """Tile configuration is per thread and oneDNN uses the tiles too: the kernel restores what it found."""
+    w, x = _w_x(576, 960, 20)
+    ours = Projection(w)
+    assert ours.amx is not None
+    monkeypatch.setattr(native_gemm, "load", lambda: None)
+    theirs = Projection(w)
+    assert theirs.amx is None and theirs.packed is not None
+    ref = x.float() @ w.float()
+    for _ in range(3):
+        torch.testing.assert_close(theirs(x).float(), ref, atol=0.15, rtol=0.02)
+        torch.testing.assert_close(ours(x).float(), ref, atol=0.15, rtol=0.02)
+
+
+@needs_amx
+def test_rejects_what_it_does_not_take():
+    w, x = _w_x(100, 64, 3)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        amx.pack(w)
+    assert Projection(w).amx is None  # such a weight stays on oneDNN
+    w, x = _w_x(64, 64, 3)
+    with pytest.raises(ValueError, match="input has 32 features"):
+        amx(x[:, :32], amx.pack(w), 64)
+    with pytest.raises(TypeError, match="2-D bf16"):
+        amx(x.float(), amx.pack(w), 64)
+
+
+def test_disabled_means_onednn(tmp_path):
+    code = ("import torch; from eagle_trt.models import native_gemm; from eagle_trt.models.gemm import Projection; "
+            "assert native_gemm.load() is None; "
+            "assert Projection(torch.randn(64, 64).bfloat16()).amx is None; print('ok')")
+    env = dict(os.environ, EAGLE_TRT_NATIVE="0", EAGLE_TRT_CACHE=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
