@@ -154,3 +154,14 @@ def test_fused_draft_head_matches_the_torch_operators(tiny_model_dir, tiny_head_
         assert torch.equal(feats, before)  # the caller's features are not touched
     for a, b in zip(outs[0], outs[1]):
         torch.testing.assert_close(a.float(), b.float(), atol=0.1, rtol=0.05)
+
+
+@needs_ops
+def test_argmax_is_torchs():
+    logits = _randn(9, 1000 + 7, seed=3, scale=3.0)
+    logits[1, 5] = logits[1, 900] = 50.0  # a tie: the first index
+    logits[2, -1] = 60.0  # in the tail past the last full vector
+    logits[3, 400] = float("nan")  # NaN counts as the largest
+    logits[4, :] = -1.0
+    assert torch.equal(ops.argmax(logits), logits.argmax(dim=-1))
+    assert ops.argmax(logits)[1] == 5 and ops.argmax(logits)[3] == 400

@@ -151,6 +151,13 @@ class LlamaTarget:
         """Final-normed hidden [R, H] -> logits [R, V]. Split out so a verify pass can skip rows it never reads."""
         return self.lm_head(hidden)
 
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [R, V] -> the greedy token of each row [R] (torch.argmax's answer; bf16 rows in the row-ops
+        kernel, which reads them as they are instead of torch's slower bf16 reduction)."""
+        if self.row_ops is not None and logits.dtype == torch.bfloat16 and logits.dim() == 2:
+            return self.row_ops.argmax(logits)
+        return logits.argmax(dim=-1)
+
     @torch.inference_mode()
     def hidden_states(
         self,

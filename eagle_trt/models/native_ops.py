@@ -15,6 +15,7 @@ import torch
 
 from eagle_trt.models import native
 
+BF16 = torch.bfloat16
 # The RoPE kernel stages a biased qkv row on its stack: (heads + 2 kv heads) * head_dim up to this many elements.
 MAX_BIASED_ROW = 8192 + 3 * 1024
 
@@ -28,7 +29,9 @@ class RowOps:
         self._rope.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, i64, i64, i64, i64, i64, i64, i32]
         self._silu = lib.eagle_trt_silu_mul
         self._silu.argtypes = [ptr, ptr, i64, i64, i32]
-        for fn in (self._norm, self._rope, self._silu):
+        self._argmax = lib.eagle_trt_argmax
+        self._argmax.argtypes = [ptr, i64, i64, ptr]
+        for fn in (self._norm, self._rope, self._silu, self._argmax):
             fn.restype = i32
 
     @staticmethod
@@ -40,12 +43,11 @@ class RowOps:
     def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> torch.Tensor:
         """x [T, n] bf16 contiguous becomes x + delta in place (delta None: unchanged); returns RMSNorm(x) * weight."""
-        _check(x, "x")
-        t, n = x.shape
+        t, n = _rows(x, "x")
         if delta is not None:
             delta = delta.contiguous()
-            _check(delta, "delta", (t, n))
-        _check(weight, "weight", (n,))
+            _same(delta, (t, n), "delta")
+        _same(weight, (n,), "weight")
         h = torch.empty_like(x)
         rc = self._norm(x.data_ptr(), delta.data_ptr() if delta is not None else None, weight.data_ptr(),
                         h.data_ptr(), t, n, eps, torch.get_num_threads())
@@ -57,21 +59,20 @@ class RowOps:
         """qkv [T, (H + 2 Hkv) D] (+ bias) -> q [H, T, D] rotated; k rotated and v written to rows start.. of
         k_cache / v_cache ([Hkv, capacity, D] views, last dim contiguous)."""
         qkv = qkv.contiguous()
-        _check(qkv, "qkv")
-        t, width = qkv.shape
+        t, width = _rows(qkv, "qkv")
         d = width // (heads + 2 * kv_heads)
-        for name, table in (("cos", cos), ("sin", sin)):
-            _check(table.contiguous(), name, (t, d))
         cos, sin = cos.contiguous(), sin.contiguous()
+        _same(cos, (t, d), "cos")
+        _same(sin, (t, d), "sin")
         if bias is not None:
-            _check(bias, "bias", (width,))
+            _same(bias, (width,), "bias")
         for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-            if c.dtype != torch.bfloat16 or c.stride(-1) != 1 or c.shape[0] != kv_heads or c.shape[-1] != d:
+            if c.dtype is not BF16 or not c.is_cpu or c.stride(-1) != 1 or c.shape[0] != kv_heads or c.shape[-1] != d:
                 raise ValueError(f"{name} must be a bf16 [{kv_heads}, capacity, {d}] view, got {c.dtype} "
                                  f"{tuple(c.shape)}")
             if start + t > c.shape[1]:
                 raise RuntimeError(f"KV cache full: need {start + t} slots, capacity {c.shape[1]}")
-        q = torch.empty(heads, t, d, dtype=torch.bfloat16)
+        q = torch.empty(heads, t, d, dtype=BF16)
         rc = self._rope(qkv.data_ptr(), bias.data_ptr() if bias is not None else None, cos.data_ptr(), sin.data_ptr(),
                         q.data_ptr(), k_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1), v_cache.data_ptr(),
                         v_cache.stride(0), v_cache.stride(1), start, t, heads, kv_heads, d, torch.get_num_threads())
@@ -81,20 +82,40 @@ class RowOps:
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """gate_up [T, 2I] bf16 (gate columns, then up) -> silu(gate) * up [T, I]."""
         gate_up = gate_up.contiguous()
-        _check(gate_up, "gate_up")
-        t, two_i = gate_up.shape
-        out = torch.empty(t, two_i // 2, dtype=torch.bfloat16)
+        t, two_i = _rows(gate_up, "gate_up")
+        out = torch.empty(t, two_i // 2, dtype=BF16)
         _ok(self._silu(gate_up.data_ptr(), out.data_ptr(), t, two_i // 2, torch.get_num_threads()), "silu_mul")
         return out
 
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [T, V] bf16 -> [T] int64, torch.argmax's answer (first maximum; NaN counts as the largest),
+        without converting the rows."""
+        logits = logits.contiguous()
+        t, v = _rows(logits, "logits")
+        out = torch.empty(t, dtype=torch.long)
+        _ok(self._argmax(logits.data_ptr(), t, v, out.data_ptr()), "argmax")
+        return out
 
-def _check(x: torch.Tensor, name: str, shape: tuple | None = None) -> None:
-    if x.dtype != torch.bfloat16 or not x.is_contiguous() or x.device.type != "cpu":
-        raise TypeError(f"native row ops take contiguous bf16 CPU tensors; {name} is {x.dtype} on {x.device}")
-    if shape is not None and tuple(x.shape) != shape:
-        raise ValueError(f"{name} must be {list(shape)}, got {list(x.shape)}")
-    if shape is None and x.dim() != 2:
+
+# Checks on every call, kept to attribute reads: these run 120 times a forward.
+def _bad(x: torch.Tensor, name: str) -> TypeError:
+    return TypeError(f"native row ops take contiguous bf16 CPU tensors; {name} is {x.dtype} on {x.device}"
+                     + ("" if x.is_contiguous() else ", not contiguous"))
+
+
+def _rows(x: torch.Tensor, name: str) -> tuple[int, int]:
+    if x.dtype is not BF16 or not x.is_cpu or not x.is_contiguous():
+        raise _bad(x, name)
+    if x.dim() != 2:
         raise ValueError(f"{name} must be 2-D [rows, width], got {list(x.shape)}")
+    return x.shape
+
+
+def _same(x: torch.Tensor, shape: tuple, name: str) -> None:
+    if x.dtype is not BF16 or not x.is_cpu or not x.is_contiguous():
+        raise _bad(x, name)
+    if x.shape != shape:
+        raise ValueError(f"{name} must be {list(shape)}, got {list(x.shape)}")
 
 
 def _ok(rc: int, what: str) -> None:

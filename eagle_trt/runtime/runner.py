@@ -137,7 +137,7 @@ class Runner:
     def _pick(self, logits: torch.Tensor) -> int:
         """The next token from one row of target logits: argmax, or a draw from the processed p."""
         if self._params.greedy:
-            return int(logits.argmax())
+            return int(self.target.argmax(logits.view(1, -1))[0])
         return sample(processed_probs(logits, self._params), self._gen)
 
     def _prefill(self, ids: torch.Tensor, need_aux: bool) -> tuple[int, torch.Tensor | None]:
@@ -231,7 +231,7 @@ class Runner:
                 target_next = self._greedy_next(tree, hidden)
                 path, bonus = verify_greedy(tree, target_next)
                 if bonus < 0:
-                    bonus = int(self.target.logits(hidden[path[-1:]]).argmax())
+                    bonus = int(self.target.argmax(self.target.logits(hidden[path[-1:]]))[0])
             else:
                 logits = self.target.logits(hidden)
                 outcome = verify_sampling(tree, processed_probs(logits, self._params) if not self._params.greedy
@@ -263,10 +263,10 @@ class Runner:
         then needs no second pass). A larger one gets logits only where a child is checked (the root and inner
         nodes), and a leaf's only when the accepted path ends there."""
         if tree.tokens.numel() <= INVARIANT_ROWS:
-            return self.target.logits(hidden).argmax(dim=-1)
+            return self.target.argmax(self.target.logits(hidden))
         inner = torch.unique(torch.cat([tree.parents[1:], torch.zeros(1, dtype=torch.long)]))
         target_next = torch.full_like(tree.tokens, -1)
-        target_next[inner] = self.target.logits(hidden[inner]).argmax(dim=-1)
+        target_next[inner] = self.target.argmax(self.target.logits(hidden[inner]))
         return target_next
 
     def _check_prompt(self, prompt_ids: list[int], opts: DecodeOptions) -> None:

@@ -172,4 +172,42 @@ int eagle_trt_silu_mul(const uint16_t* gu, uint16_t* out, int64_t T, int64_t I, 
     return 0;
 }
 
+// x: [T, n] bf16 -> out[t] = index of the largest value of row t, the first one on ties; NaN counts as the largest
+// (as torch.argmax). Lane-wise maxima over the row, then the first index holding the maximum.
+int eagle_trt_argmax(const uint16_t* x, int64_t T, int64_t n, int64_t* out) {
+    if (n <= 0) return -2;
+    for (int64_t t = 0; t < T; ++t) {
+        const uint16_t* row = x + t * n;
+        float best = bf(row[0]);
+        bool nan = best != best;
+        int64_t i = 0;
+        if (n >= kLanes) {
+            vf m = vload_bf16(row);
+            vi odd = m != m;
+            for (i = kLanes; i + kLanes <= n; i += kLanes) {
+                const vf v = vload_bf16(row + i);
+                m = v > m ? v : m;
+                odd |= v != v;
+            }
+            for (int l = 0; l < kLanes; ++l) {
+                best = m[l] > best ? m[l] : best;
+                nan = nan || odd[l];
+            }
+        }
+        for (; i < n; ++i) {
+            const float v = bf(row[i]);
+            best = v > best ? v : best;
+            nan = nan || v != v;
+        }
+        int64_t at = 0;
+        if (nan) {
+            while (bf(row[at]) == bf(row[at])) ++at;  // NaN: torch reports the first one
+        } else {
+            while (bf(row[at]) != best) ++at;
+        }
+        out[t] = at;
+    }
+    return 0;
+}
+
 }  // extern "C"
