@@ -92,10 +92,10 @@ def forward_parts(engine: str, reps: int, context: int = 300) -> None:
 
     # (attention, row ops): the engine's attention and its fused row ops where it has them (bf16 with a compiler),
     # then each attention with torch's row ops.
-    variants = {"engine's attention": (target.attend, None), "float64 attention": (attention_fp64, None),
-                "zero attention": (zeros, None)}
+    variants = {"torch row ops": (target.attend, None), "torch ops, fp64 attn": (attention_fp64, None),
+                "torch ops, zero attn": (zeros, None)}
     if target.row_ops is not None:
-        variants = {"fused row ops": (target.attend, target.row_ops), **variants}
+        variants = {"engine (fused ops)": (target.attend, target.row_ops), **variants}
     projections = [p for lw in target.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)]
     times: dict[tuple[str, int], list[float]] = {}
     for _ in range(reps):
@@ -117,7 +117,7 @@ def forward_parts(engine: str, reps: int, context: int = 300) -> None:
     print(f"target forward parts ({e.config.dtype}, {context} cached tokens, median of {reps}), ms:")
     for name in (*variants, "projections alone"):
         one, many = (statistics.median(times[(name, t)]) * 1e3 for t in (1, 17))
-        print(f"  {name:20} T=1 {one:6.1f}   T=17 {many:6.1f}   +{many - one:.1f}")
+        print(f"  {name:21} T=1 {one:6.1f}   T=17 {many:6.1f}   +{many - one:.1f}")
 
 
 def main() -> None:
@@ -126,7 +126,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--engine", default=None, help="also time the engine's target forward over 1..32 tokens")
     ap.add_argument("--parts", action="store_true", help="with --engine: only the forward's parts at 1 and 17 "
-                    "tokens (fused row ops; engine's / float64 / zero attention; projections alone)")
+                    "tokens (the engine; torch's row ops with its / float64 / zero attention; projections alone)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

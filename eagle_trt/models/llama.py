@@ -208,8 +208,8 @@ class LlamaTarget:
         return x, torch.cat(aux, dim=-1)
 
     def _hidden_states_fused(self, tokens, positions, cache, tree_mask, need_aux, rows):
-        """`hidden_states` with the per-row ops fused (bf16, bf16 KV cache): the same bits as the torch operators
-        (tests/test_native_ops.py), a fraction of the calls. The residual add of each layer's MLP is done by the
+        """`hidden_states` with the per-row ops fused (bf16, bf16 KV cache): torch's values, bit for bit but for the
+        norms' rare last-bit differences (tests/test_native_ops.py), in a fraction of the calls. The residual add of each layer's MLP is done by the
         next norm's call, so a layer's output (an EAGLE-3 feature) is read after that call."""
         s, ops = self.spec, self.row_ops
         t = tokens.shape[0]
