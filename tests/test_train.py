@@ -208,9 +208,14 @@ def test_sigint_leaves_loadable_checkpoint(tiny_model_dir, cache, tmp_path):
             os.kill(os.getpid(), signal.SIGINT)  # the handler only flags it; the step completes
 
     cfg = TrainConfig(steps=50, batch_size=4, checkpoint_every=100)
-    with pytest.raises(KeyboardInterrupt):
-        train_head(fresh_model(tiny_model_dir, cache=cache), cache, cfg, ckpt, progress=False, on_step=ctrl_c)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    # The default handler, whatever this process inherited (a runner started in the background ignores SIGINT).
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train_head(fresh_model(tiny_model_dir, cache=cache), cache, cfg, ckpt, progress=False, on_step=ctrl_c)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.safetensors"]  # no temp file left
     tensors, meta = read_checkpoint(ckpt)
     assert meta["step"] == 2

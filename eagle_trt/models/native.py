@@ -101,3 +101,16 @@ def library() -> ctypes.CDLL | None:
         log.warning("native kernels unavailable (bf16 attention falls back to float64, the layer's row ops to "
                     "torch): %s", exc)
     return _loaded
+
+
+_shared: dict = {}
+
+
+def shared(wrapper, usable=None):
+    """One `wrapper(library())` per process (a kernel's ctypes bindings), or None: no library, or `usable(lib)` says
+    this CPU cannot run that kernel."""
+    if wrapper not in _shared:
+        lib = library()
+        ok = lib is not None and (usable is None or usable(lib))
+        _shared[wrapper] = wrapper(lib) if ok else None
+    return _shared[wrapper]

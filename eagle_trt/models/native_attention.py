@@ -65,13 +65,7 @@ class NativeAttention:
         return out
 
 
-_kernel: NativeAttention | None = None
-
-
 def load() -> NativeAttention | None:
     """The compiled kernel (one per process), or None (disabled, no compiler, or the build failed: see
     `native.library`)."""
-    global _kernel
-    if _kernel is None and (lib := native.library()) is not None:
-        _kernel = NativeAttention(lib)
-    return _kernel
+    return native.shared(NativeAttention)

@@ -59,17 +59,7 @@ class AmxGemm:
         return out
 
 
-_gemm: AmxGemm | None = None
-_tried = False
-
-
 def load() -> AmxGemm | None:
     """The AMX kernel (one per process), or None: no AMX on this CPU (or the OS refused the tiles), no compiler,
     or EAGLE_TRT_NATIVE=0 (see `native.library`)."""
-    global _gemm, _tried
-    if not _tried:
-        _tried = True
-        lib = native.library()
-        if lib is not None and lib.eagle_trt_amx_available() == 1:
-            _gemm = AmxGemm(lib)
-    return _gemm
+    return native.shared(AmxGemm, lambda lib: lib.eagle_trt_amx_available() == 1)

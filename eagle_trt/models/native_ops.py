@@ -123,13 +123,7 @@ def _ok(rc: int, what: str) -> None:
         raise RuntimeError(f"native {what} failed: unsupported shape (code {rc})")
 
 
-_ops: RowOps | None = None
-
-
 def load() -> RowOps | None:
     """The compiled row ops (one per process), or None (disabled, no compiler, or the build failed: see
     `native.library`)."""
-    global _ops
-    if _ops is None and (lib := native.library()) is not None:
-        _ops = RowOps(lib)
-    return _ops
+    return native.shared(RowOps)
