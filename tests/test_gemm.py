@@ -93,15 +93,19 @@ def test_fp64_attention_takes_its_mask_precomputed():
 
 
 @needs_bf16
-@pytest.mark.parametrize("attend", ["default", "torch-ops", "float64"])
-def test_bf16_verify_forward_is_bit_identical_to_decoding(tiny_model_dir, attend):
-    """The default is the compiled row-invariant attention with the fused row ops where a C++ compiler exists; the
-    kernel with torch's row ops, and the float64 fallback (no compiler), must keep the property too."""
+@pytest.mark.parametrize("attend", ["default", "onednn", "torch-ops", "float64"])
+def test_bf16_verify_forward_is_bit_identical_to_decoding(tiny_model_dir, attend, monkeypatch):
+    """The default is every compiled kernel where a C++ compiler exists (AMX projections where the CPU has AMX,
+    fused row ops, row-invariant attention). Each fallback must keep the property too: oneDNN projections, then
+    torch's row ops, then float64 attention (the engine without a compiler)."""
+    if attend != "default":
+        monkeypatch.setattr(native_gemm, "load", lambda: None)
     target = LlamaTarget.load(tiny_model_dir, dtype=torch.bfloat16)
     kernel = native_attention.load()
     assert target.attend is (kernel if kernel is not None else attention_fp64)
     assert (target.row_ops is not None) == (kernel is not None)
-    if attend != "default":
+    assert (target.layers[0].qkv.amx is not None) == (attend == "default" and native_gemm.load() is not None)
+    if attend in ("torch-ops", "float64"):
         target.row_ops = None
     if attend == "float64":
         target.attend = attention_fp64
