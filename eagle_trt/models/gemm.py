@@ -72,9 +72,10 @@ class Projection:
             except (RuntimeError, NotImplementedError):
                 self.packed = None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [M, in] -> [M, out]. `out`: a buffer the AMX kernel may write into (use the return value)."""
         if self.amx is not None and x.dim() == 2:
-            return self.amx_kernel(x, self.amx, self.w.shape[1])
+            return self.amx_kernel(x, self.amx, self.w.shape[1], out)
         if self.packed is None or x.dim() != 2 or (x.shape[0] == 1 and not self.single_row_packed):
             return x @ self.w
         x = x.contiguous()

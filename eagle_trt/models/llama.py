@@ -222,16 +222,24 @@ class LlamaTarget:
         want = set(self.aux_layer_ids) if need_aux else set()
         x = self.embed[tokens]  # [T, hidden], a fresh tensor: updated in place below
         cos, sin = self.rope.tables(positions)
+        # One buffer per intermediate, reused by every layer: each is read before the next layer writes it.
+        bf = torch.bfloat16
+        h_buf, o_buf, d_buf = (torch.empty(t, s.hidden_size, dtype=bf) for _ in range(3))
+        qkv_buf = torch.empty(t, (s.num_heads + 2 * s.num_kv_heads) * s.head_dim, dtype=bf)
+        q_buf = torch.empty(s.num_heads, t, s.head_dim, dtype=bf)
+        gu_buf = torch.empty(t, 2 * s.intermediate_size, dtype=bf)
+        a_buf = torch.empty(t, s.intermediate_size, dtype=bf)
         pending = None  # the last layer's MLP output, not yet added to x
         for i, lw in enumerate(self.layers):
-            h = ops.add_rms_norm(x, pending, lw.input_norm, s.rms_norm_eps)
+            h = ops.add_rms_norm(x, pending, lw.input_norm, s.rms_norm_eps, out=h_buf)
             if i - 1 in want:
                 aux.append(x.clone())
-            q = ops.rope_qkv(lw.qkv(h), lw.qkv_bias, cos, sin, cache.k[i], cache.v[i], start, s.num_heads,
-                             s.num_kv_heads)
+            q = ops.rope_qkv(lw.qkv(h, out=qkv_buf), lw.qkv_bias, cos, sin, cache.k[i], cache.v[i], start,
+                             s.num_heads, s.num_kv_heads, out=q_buf)
             kc, vc = cache.read(i, start + t)
-            h = ops.add_rms_norm(x, lw.o(self.attend(q, kc, vc, mask)), lw.post_norm, s.rms_norm_eps)
-            pending = lw.down(ops.silu_mul(lw.gate_up(h)))
+            h = ops.add_rms_norm(x, lw.o(self.attend(q, kc, vc, mask), out=o_buf), lw.post_norm, s.rms_norm_eps,
+                                 out=h_buf)
+            pending = lw.down(ops.silu_mul(lw.gate_up(h, out=gu_buf), out=a_buf), out=d_buf)
         h = ops.add_rms_norm(x, pending, self.norm, s.rms_norm_eps)
         if len(self.layers) - 1 in want:
             aux.append(x)

@@ -42,15 +42,18 @@ class AmxGemm:
             raise RuntimeError(f"AMX weight packing failed for shape {list(w.shape)}")
         return packed
 
-    def __call__(self, x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
-        """x [M, in] bf16 -> [M, out_features]."""
+    def __call__(self, x: torch.Tensor, packed: torch.Tensor, out_features: int,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [M, in] bf16 -> [M, out_features], into `out` when it is a contiguous bf16 tensor of that shape (a
+        forward reuses one buffer per projection across its layers)."""
         if x.dtype != torch.bfloat16 or x.dim() != 2:
             raise TypeError(f"AMX projections take a 2-D bf16 input, got {x.dtype} {list(x.shape)}")
         x = x.contiguous()
         m, k = x.shape
-        if packed.numel() != self._size(k, out_features):
+        if packed.numel() != (out_features + 31) // 32 * 32 * k:  # eagle_trt_amx_packed_size
             raise ValueError(f"input has {k} features; the packed weight is for another shape")
-        out = torch.empty(m, out_features, dtype=torch.bfloat16)
+        if out is None or out.shape != (m, out_features) or out.dtype is not torch.bfloat16 or not out.is_contiguous():
+            out = torch.empty(m, out_features, dtype=torch.bfloat16)
         if m == 0:
             return out
         rc = self._gemm(x.data_ptr(), packed.data_ptr(), out.data_ptr(), m, k, out_features, torch.get_num_threads())

@@ -40,24 +40,26 @@ class RowOps:
         return head_dim % 2 == 0 and 0 < head_dim <= 1024 and (
             not has_bias or (heads + 2 * kv_heads) * head_dim <= MAX_BIASED_ROW)
 
-    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-                     eps: float) -> torch.Tensor:
-        """x [T, n] bf16 contiguous becomes x + delta in place (delta None: unchanged); returns RMSNorm(x) * weight."""
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, n] bf16 contiguous becomes x + delta in place (delta None: unchanged); returns RMSNorm(x) * weight
+        (in `out` if given: [T, n] bf16 contiguous, not x or delta)."""
         t, n = _rows(x, "x")
         if delta is not None:
             delta = delta.contiguous()
             _same(delta, (t, n), "delta")
         _same(weight, (n,), "weight")
-        h = torch.empty_like(x)
+        h = _buffer(out, (t, n))
         rc = self._norm(x.data_ptr(), delta.data_ptr() if delta is not None else None, weight.data_ptr(),
                         h.data_ptr(), t, n, eps, torch.get_num_threads())
         _ok(rc, "add_rms_norm")
         return h
 
     def rope_qkv(self, qkv: torch.Tensor, bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                 k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, heads: int, kv_heads: int) -> torch.Tensor:
-        """qkv [T, (H + 2 Hkv) D] (+ bias) -> q [H, T, D] rotated; k rotated and v written to rows start.. of
-        k_cache / v_cache ([Hkv, capacity, D] views, last dim contiguous)."""
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, heads: int, kv_heads: int,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+        """qkv [T, (H + 2 Hkv) D] (+ bias) -> q [H, T, D] rotated (in `out` if given); k rotated and v written to
+        rows start.. of k_cache / v_cache ([Hkv, capacity, D] views, last dim contiguous)."""
         qkv = qkv.contiguous()
         t, width = _rows(qkv, "qkv")
         d = width // (heads + 2 * kv_heads)
@@ -72,18 +74,18 @@ class RowOps:
                                  f"{tuple(c.shape)}")
             if start + t > c.shape[1]:
                 raise RuntimeError(f"KV cache full: need {start + t} slots, capacity {c.shape[1]}")
-        q = torch.empty(heads, t, d, dtype=BF16)
+        q = _buffer(out, (heads, t, d))
         rc = self._rope(qkv.data_ptr(), bias.data_ptr() if bias is not None else None, cos.data_ptr(), sin.data_ptr(),
                         q.data_ptr(), k_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1), v_cache.data_ptr(),
                         v_cache.stride(0), v_cache.stride(1), start, t, heads, kv_heads, d, torch.get_num_threads())
         _ok(rc, "rope_qkv")
         return q
 
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """gate_up [T, 2I] bf16 (gate columns, then up) -> silu(gate) * up [T, I]."""
+    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """gate_up [T, 2I] bf16 (gate columns, then up) -> silu(gate) * up [T, I] (in `out` if given)."""
         gate_up = gate_up.contiguous()
         t, two_i = _rows(gate_up, "gate_up")
-        out = torch.empty(t, two_i // 2, dtype=BF16)
+        out = _buffer(out, (t, two_i // 2))
         _ok(self._silu(gate_up.data_ptr(), out.data_ptr(), t, two_i // 2, torch.get_num_threads()), "silu_mul")
         return out
 
@@ -109,6 +111,14 @@ def _rows(x: torch.Tensor, name: str) -> tuple[int, int]:
     if x.dim() != 2:
         raise ValueError(f"{name} must be 2-D [rows, width], got {list(x.shape)}")
     return x.shape
+
+
+def _buffer(out: torch.Tensor | None, shape: tuple) -> torch.Tensor:
+    """`out` if it is a contiguous bf16 CPU tensor of this shape, else a new one."""
+    if out is not None:
+        _same(out, shape, "out")
+        return out
+    return torch.empty(shape, dtype=BF16)
 
 
 def _same(x: torch.Tensor, shape: tuple, name: str) -> None:
