@@ -83,3 +83,13 @@ def test_disabled_means_onednn(tmp_path):
     env = dict(os.environ, EAGLE_TRT_NATIVE="0", EAGLE_TRT_CACHE=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+@needs_amx
+def test_writes_into_a_given_buffer_of_its_shape():
+    w, x = _w_x(64, 96, 5)
+    packed = amx.pack(w)
+    buf = torch.empty(5, 96, dtype=torch.bfloat16)
+    got = amx(x, packed, 96, buf)
+    assert got.data_ptr() == buf.data_ptr() and torch.equal(got, amx(x, packed, 96))
+    assert amx(x, packed, 96, torch.empty(4, 96, dtype=torch.bfloat16)).shape == (5, 96)  # wrong shape: a new one

@@ -165,3 +165,17 @@ def test_argmax_is_torchs():
     logits[4, :] = -1.0
     assert torch.equal(ops.argmax(logits), logits.argmax(dim=-1))
     assert ops.argmax(logits)[1] == 5 and ops.argmax(logits)[3] == 400
+
+
+@needs_ops
+def test_ops_write_into_given_buffers():
+    """A forward passes one buffer per intermediate and reuses it across layers: same values, same storage."""
+    x, delta, w = _randn(3, 576, seed=1), _randn(3, 576, seed=2), _randn(576, seed=3)
+    gu = _randn(3, 3072, seed=4)
+    h_buf, a_buf = torch.empty(3, 576, dtype=BF), torch.empty(3, 1536, dtype=BF)
+    h = ops.add_rms_norm(x.clone(), delta, w, 1e-5, out=h_buf)
+    assert h.data_ptr() == h_buf.data_ptr() and torch.equal(h, ops.add_rms_norm(x.clone(), delta, w, 1e-5))
+    a = ops.silu_mul(gu, out=a_buf)
+    assert a.data_ptr() == a_buf.data_ptr() and torch.equal(a, ops.silu_mul(gu))
+    with pytest.raises(ValueError, match=r"out must be \[3, 1536\]"):
+        ops.silu_mul(gu, out=torch.empty(2, 1536, dtype=BF))
