@@ -18,35 +18,28 @@ bit, so the kernel runs there only for this comparison).
 
 from __future__ import annotations
 
-import argparse
+from decode_setup import decode_parser, open_session
 
 BF16_VARIANTS = ("native", "no-amx", "torch-ops", "float64")
 FP32_VARIANTS = ("kernel", "sdpa")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--engine", required=True)
-    ap.add_argument("--prompts", default="humaneval")
-    ap.add_argument("--limit", type=int, default=6)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap = decode_parser(__doc__)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--variants", default=None, help="comma-separated, from the list above (default: all)")
     args = ap.parse_args()
 
     import torch
 
-    from eagle_trt.bench.prompts import load_prompts
     from eagle_trt.models import native_attention, native_gemm
     from eagle_trt.models.layers import attention, attention_fp64
     from eagle_trt.runtime.session import Session
 
-    torch.set_num_threads(args.threads)
     kernel = native_attention.load()
     if kernel is None:
         raise SystemExit("the kernels are unavailable here (need a C++ compiler and EAGLE_TRT_NATIVE unset)")
-    session = Session.open(args.engine)
+    session, prompts = open_session(args)
     bf16 = session.runner.target.dtype == torch.bfloat16
     known = BF16_VARIANTS if bf16 else FP32_VARIANTS
     names = args.variants.split(",") if args.variants else list(known)
@@ -69,7 +62,6 @@ def main() -> None:
     variants = {n: table[n] for n in names}
     spec = session.decode_options(max_new_tokens=args.max_new_tokens)
     ar = session.decode_options(mode="ar", max_new_tokens=args.max_new_tokens)
-    prompts = [p.encode(session.tokenizer) for p in load_prompts(args.prompts, args.limit)]
     totals = {name: [0.0, 0.0, 0, 0, 0] for name in variants}  # ar s, spec s, ar tokens, spec tokens, mismatches
     for _ in range(args.repeats):
         for ids in prompts:

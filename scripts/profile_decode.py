@@ -6,38 +6,31 @@
 
 Prints, per method: tokens/s, ms per step, the draft and verify ms inside a step (the rest is
 bookkeeping), and for the speculative run the verify rows per step (mean, p90, max, the share above one
-32-row bf16 chunk). Then the torch profiler's top operators for plain AR on the first prompt, with the
-share of matrix products: the part of a token that moves weights; the rest is per-op overhead.
+32-row bf16 chunk). Then, for plain AR on the first prompt, the share of a token spent in the projections (timed
+around `Projection`, whichever kernel serves it: the part that moves weights), and the torch profiler's top
+operators. The profiler sees torch operators only: the compiled bf16 kernels (AMX projections, row ops,
+attention) run outside it.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
+
+from decode_setup import decode_parser, open_session
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--engine", required=True)
-    ap.add_argument("--prompts", default="humaneval")
-    ap.add_argument("--limit", type=int, default=6)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2)
+    ap = decode_parser(__doc__)
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--set", action="append", default=[], help="name=value: a DecodeOptions field (int or float)")
     args = ap.parse_args()
 
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from eagle_trt.bench.prompts import load_prompts
-    from eagle_trt.models.gemm import INVARIANT_ROWS
-    from eagle_trt.runtime.session import Session
+    from eagle_trt.models.gemm import INVARIANT_ROWS, Projection
 
-    torch.set_num_threads(args.threads)
-    session = Session.open(args.engine)
+    session, encoded = open_session(args)
     runner = session.runner
-    encoded = [p.encode(session.tokenizer) for p in load_prompts(args.prompts, args.limit)]
     overrides = {}
     for item in args.set:
         name, _, value = item.partition("=")
@@ -67,15 +60,26 @@ def main() -> None:
             line += (f"; verify rows mean {sum(rows) / len(rows):.1f}, p90 {rows[int(0.9 * len(rows))]}, "
                      f"max {rows[-1]}, {100 * over:.0f}% of steps above {INVARIANT_ROWS}")
         print(line, flush=True)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    spent = [0.0]
+    plain_call = Projection.__call__
+
+    def timed(self, x, out=None):
+        start = time.perf_counter()
+        y = plain_call(self, x, out)
+        spent[0] += time.perf_counter() - start
+        return y
+
+    Projection.__call__ = timed
+    try:
         m = runner.generate(encoded[0], runs["ar"]).metrics
-    events = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in events)
-    gemm = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "mkldnn::_linear_pointwise"))
+    finally:
+        Projection.__call__ = plain_call
     per_token = 1e3 * (m.total_s - m.prefill_s) / max(len(m.steps), 1)
-    print(f"plain AR under the profiler: {per_token:.1f} ms/token; matrix products {100 * gemm / total:.0f}% of "
-          f"operator time ({gemm / 1e3 / max(len(m.steps), 1):.1f} ms/token)")
-    print(events.table(sort_by="self_cpu_time_total", row_limit=args.top))
+    print(f"plain AR: {per_token:.1f} ms/token; the projections took {100 * spent[0] / m.total_s:.0f}% of the run "
+          f"(prefill included)")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        runner.generate(encoded[0], runs["ar"])
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
 
 
 if __name__ == "__main__":

@@ -92,4 +92,5 @@ def test_writes_into_a_given_buffer_of_its_shape():
     buf = torch.empty(5, 96, dtype=torch.bfloat16)
     got = amx(x, packed, 96, buf)
     assert got.data_ptr() == buf.data_ptr() and torch.equal(got, amx(x, packed, 96))
-    assert amx(x, packed, 96, torch.empty(4, 96, dtype=torch.bfloat16)).shape == (5, 96)  # wrong shape: a new one
+    with pytest.raises(ValueError, match=r"out must be .* shape \[5, 96\], got torch.bfloat16 \[4, 96\]"):
+        amx(x, packed, 96, torch.empty(4, 96, dtype=torch.bfloat16))

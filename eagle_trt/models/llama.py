@@ -53,11 +53,11 @@ def pick_attention(dtype: torch.dtype, device: torch.device, spec: TargetSpec | 
     return attention_fp64
 
 
-def pick_row_ops(dtype: torch.dtype, device: torch.device, spec: TargetSpec, attend) -> "native_ops.RowOps | None":
-    """The fused per-row ops (norms, RoPE + cache write, SiLU * up; models/native_ops.py) for a bf16 target on the
-    CPU whose attention is the compiled kernel; None keeps the torch operators (fp32, which matches transformers'
-    op order bit for bit, and every fallback)."""
-    if dtype != torch.bfloat16 or device.type != "cpu" or not isinstance(attend, native_attention.NativeAttention):
+def pick_row_ops(dtype: torch.dtype, device: torch.device, spec: TargetSpec) -> "native_ops.RowOps | None":
+    """The fused per-row ops (norms, RoPE + cache write, SiLU * up, argmax; models/native_ops.py) for a bf16 target on
+    the CPU; None keeps the torch operators (fp32, which matches transformers' op order bit for bit, and every
+    fallback). Independent of the attention: each row stays a function of that row with either."""
+    if dtype != torch.bfloat16 or device.type != "cpu":
         return None
     ops = native_ops.load()
     if ops is None or not ops.supports(spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.attention_bias):
@@ -77,7 +77,7 @@ class LlamaTarget:
                          max_positions or spec.max_position_embeddings, dtype)
         self.aux_layer_ids: list[int] = []
         self.attend = pick_attention(dtype, embed.device, spec)
-        self.row_ops = pick_row_ops(dtype, embed.device, spec, self.attend)
+        self.row_ops = pick_row_ops(dtype, embed.device, spec)
 
     # ---- loading -----------------------------------------------------------------------------
     @classmethod
@@ -175,13 +175,7 @@ class LlamaTarget:
         end = start + t
         if self.row_ops is not None and cache.k.dtype == torch.bfloat16:
             return self._hidden_states_fused(tokens, positions, cache, tree_mask, need_aux, rows)
-        mask = None
-        if t > 1:
-            # [T, end]: prefix fully visible, new tokens by tree (or causal) mask.
-            local = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool).tril_()
-            mask = torch.cat([torch.ones(t, start, dtype=torch.bool), local], dim=1)
-            if self.attend is attention_fp64:  # its additive form, once for all layers
-                mask = additive_mask(mask, s.num_heads // s.num_kv_heads)
+        mask = self._mask(t, start, tree_mask)
         q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         aux = []
         x = self.embed[tokens]  # [T, hidden]
@@ -207,6 +201,18 @@ class LlamaTarget:
         # Order follows aux_layer_ids (ascending, as modelopt concatenates them).
         return x, torch.cat(aux, dim=-1)
 
+    def _mask(self, t: int, start: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """What every layer's attention gets for T new tokens after `start` cached ones: [T, start + T], the prefix
+        fully visible and the new tokens by the tree mask (causal when None); None for one token. float64 attention
+        takes it in its additive form, made once here for all layers."""
+        if t == 1:
+            return None
+        local = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool).tril_()
+        mask = torch.cat([torch.ones(t, start, dtype=torch.bool), local], dim=1)
+        if self.attend is attention_fp64:
+            return additive_mask(mask, self.spec.num_heads // self.spec.num_kv_heads)
+        return mask
+
     def _hidden_states_fused(self, tokens, positions, cache, tree_mask, need_aux, rows):
         """`hidden_states` with the per-row ops fused (bf16, bf16 KV cache): torch's values, bit for bit but for the
         norms' rare last-bit differences (tests/test_native_ops.py), in a fraction of the calls. The residual add of each layer's MLP is done by the
@@ -214,10 +220,7 @@ class LlamaTarget:
         s, ops = self.spec, self.row_ops
         t = tokens.shape[0]
         start = cache.length
-        mask = None
-        if t > 1:
-            local = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool).tril_()
-            mask = torch.cat([torch.ones(t, start, dtype=torch.bool), local], dim=1)
+        mask = self._mask(t, start, tree_mask)
         aux = []
         want = set(self.aux_layer_ids) if need_aux else set()
         x = self.embed[tokens]  # [T, hidden], a fresh tensor: updated in place below

@@ -98,8 +98,8 @@ def library() -> ctypes.CDLL | None:
 
         _loaded = ctypes.CDLL(str(build()))
     except (RuntimeError, OSError) as exc:
-        log.warning("native kernels unavailable (bf16 attention falls back to float64, the layer's row ops to "
-                    "torch): %s", exc)
+        log.warning("native kernels unavailable (bf16 projections fall back to oneDNN, attention to float64, the "
+                    "layer's row ops to torch): %s", exc)
     return _loaded
 
 
@@ -114,3 +114,16 @@ def shared(wrapper, usable=None):
         ok = lib is not None and (usable is None or usable(lib))
         _shared[wrapper] = wrapper(lib) if ok else None
     return _shared[wrapper]
+
+
+def out_buffer(out, shape: tuple, dtype):
+    """Where a kernel writes its result: `out` (a caller's buffer, reused across a forward's layers) if given, which
+    must be a contiguous CPU tensor of this shape and dtype, else a new tensor."""
+    import torch
+
+    if out is None:
+        return torch.empty(shape, dtype=dtype)
+    if out.dtype is not dtype or not out.is_cpu or not out.is_contiguous() or out.shape != shape:
+        raise ValueError(f"out must be a contiguous {dtype} CPU tensor of shape {list(shape)}, got {out.dtype} "
+                         f"{list(out.shape)}")
+    return out

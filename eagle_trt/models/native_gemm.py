@@ -15,11 +15,14 @@ import torch
 from eagle_trt.models import native
 
 
+def packed_size(k: int, n: int) -> int:
+    """Elements of the packed [k, n] weight: columns padded to the kernel's 32-column groups (csrc/gemm_amx.cpp)."""
+    return (n + 31) // 32 * 32 * k
+
+
 class AmxGemm:
     def __init__(self, lib: ctypes.CDLL):
         i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
-        self._size = lib.eagle_trt_amx_packed_size
-        self._size.argtypes, self._size.restype = [i64, i64], i64
         self._pack = lib.eagle_trt_amx_pack
         self._pack.argtypes, self._pack.restype = [ptr, ptr, i64, i64], i32
         self._gemm = lib.eagle_trt_amx_gemm
@@ -37,23 +40,22 @@ class AmxGemm:
                              f"{w.dtype} {list(w.shape)}")
         w = w.contiguous()
         k, n = w.shape
-        packed = torch.empty(self._size(k, n), dtype=torch.bfloat16)
+        packed = torch.empty(packed_size(k, n), dtype=torch.bfloat16)
         if self._pack(w.data_ptr(), packed.data_ptr(), k, n) != 0:
             raise RuntimeError(f"AMX weight packing failed for shape {list(w.shape)}")
         return packed
 
     def __call__(self, x: torch.Tensor, packed: torch.Tensor, out_features: int,
                  out: torch.Tensor | None = None) -> torch.Tensor:
-        """x [M, in] bf16 -> [M, out_features], into `out` when it is a contiguous bf16 tensor of that shape (a
-        forward reuses one buffer per projection across its layers)."""
+        """x [M, in] bf16 -> [M, out_features], into `out` if given (a forward reuses one buffer per projection
+        across its layers; `native.out_buffer`)."""
         if x.dtype != torch.bfloat16 or x.dim() != 2:
             raise TypeError(f"AMX projections take a 2-D bf16 input, got {x.dtype} {list(x.shape)}")
         x = x.contiguous()
         m, k = x.shape
-        if packed.numel() != (out_features + 31) // 32 * 32 * k:  # eagle_trt_amx_packed_size
+        if packed.numel() != packed_size(k, out_features):
             raise ValueError(f"input has {k} features; the packed weight is for another shape")
-        if out is None or out.shape != (m, out_features) or out.dtype is not torch.bfloat16 or not out.is_contiguous():
-            out = torch.empty(m, out_features, dtype=torch.bfloat16)
+        out = native.out_buffer(out, (m, out_features), torch.bfloat16)
         if m == 0:
             return out
         rc = self._gemm(x.data_ptr(), packed.data_ptr(), out.data_ptr(), m, k, out_features, torch.get_num_threads())

@@ -49,7 +49,7 @@ class RowOps:
             delta = delta.contiguous()
             _same(delta, (t, n), "delta")
         _same(weight, (n,), "weight")
-        h = _buffer(out, (t, n))
+        h = native.out_buffer(out, (t, n), BF16)
         rc = self._norm(x.data_ptr(), delta.data_ptr() if delta is not None else None, weight.data_ptr(),
                         h.data_ptr(), t, n, eps, torch.get_num_threads())
         _ok(rc, "add_rms_norm")
@@ -74,7 +74,7 @@ class RowOps:
                                  f"{tuple(c.shape)}")
             if start + t > c.shape[1]:
                 raise RuntimeError(f"KV cache full: need {start + t} slots, capacity {c.shape[1]}")
-        q = _buffer(out, (heads, t, d))
+        q = native.out_buffer(out, (heads, t, d), BF16)
         rc = self._rope(qkv.data_ptr(), bias.data_ptr() if bias is not None else None, cos.data_ptr(), sin.data_ptr(),
                         q.data_ptr(), k_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1), v_cache.data_ptr(),
                         v_cache.stride(0), v_cache.stride(1), start, t, heads, kv_heads, d, torch.get_num_threads())
@@ -85,7 +85,7 @@ class RowOps:
         """gate_up [T, 2I] bf16 (gate columns, then up) -> silu(gate) * up [T, I] (in `out` if given)."""
         gate_up = gate_up.contiguous()
         t, two_i = _rows(gate_up, "gate_up")
-        out = _buffer(out, (t, two_i // 2))
+        out = native.out_buffer(out, (t, two_i // 2), BF16)
         _ok(self._silu(gate_up.data_ptr(), out.data_ptr(), t, two_i // 2, torch.get_num_threads()), "silu_mul")
         return out
 
@@ -111,14 +111,6 @@ def _rows(x: torch.Tensor, name: str) -> tuple[int, int]:
     if x.dim() != 2:
         raise ValueError(f"{name} must be 2-D [rows, width], got {list(x.shape)}")
     return x.shape
-
-
-def _buffer(out: torch.Tensor | None, shape: tuple) -> torch.Tensor:
-    """`out` if it is a contiguous bf16 CPU tensor of this shape, else a new one."""
-    if out is not None:
-        _same(out, shape, "out")
-        return out
-    return torch.empty(shape, dtype=BF16)
 
 
 def _same(x: torch.Tensor, shape: tuple, name: str) -> None:

@@ -127,12 +127,8 @@ int eagle_trt_amx_available() {
 #endif
 }
 
-// Elements of the packed weight for [K, N].
-int64_t eagle_trt_amx_packed_size(int64_t K, int64_t N) {
-    return (N + kGroupCols - 1) / kGroupCols * kGroupCols * K;
-}
-
-// w: [K, N] bf16 row-major -> packed (eagle_trt_amx_packed_size elements). Returns -2 if K is not a multiple of 32.
+// w: [K, N] bf16 row-major -> packed: (N rounded up to kGroupCols) * K elements (native_gemm.packed_size).
+// Returns -2 if K is not a multiple of 32.
 int eagle_trt_amx_pack(const uint16_t* w, uint16_t* packed, int64_t K, int64_t N) {
     if (K <= 0 || K % kBlockK || N <= 0) return -2;
     const int64_t groups = (N + kGroupCols - 1) / kGroupCols, blocks = K / kBlockK;

@@ -26,25 +26,7 @@ constexpr int64_t kParallelRows = 64;
 
 inline float bf(uint16_t h) { return bf16_to_float(h); }
 
-// fp32 -> bf16, round to nearest even (NaN stays NaN), as torch rounds.
-inline uint16_t to_bf16(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return static_cast<uint16_t>(u >> 16);
-}
-
 inline float round_bf16(float f) { return bf(to_bf16(f)); }
-
-inline vf vload_bf16(const uint16_t* p) {
-    vu16 h;
-    std::memcpy(&h, p, sizeof h);
-    const vu32 u = __builtin_convertvector(h, vu32) << 16;
-    vf r;
-    std::memcpy(&r, &u, sizeof r);
-    return r;
-}
 
 inline vu32 vround_bits(vf f) {
     vu32 u;

@@ -1,5 +1,5 @@
-// Fixed-width vector helpers for tree_attention.cpp: GCC vector types, exact fused multiply-add on every path,
-// a polynomial exp, and cross-lane sums in a fixed order. Everything here is lane-wise or has an order fixed by
+// Fixed-width vector helpers for tree_attention.cpp and row_ops.cpp: GCC vector types, exact fused multiply-add on
+// every path, a polynomial exp, bf16 loads and rounding, and cross-lane sums in a fixed order. Everything here is lane-wise or has an order fixed by
 // the lane count alone, so a result never depends on where in a buffer or in which call it was computed.
 #pragma once
 
@@ -27,6 +27,15 @@ inline float bf16_to_float(uint16_t h) {
     float f;
     std::memcpy(&f, &u, sizeof f);
     return f;
+}
+
+// fp32 -> bf16, round to nearest even (NaN stays a quiet NaN), as torch rounds.
+inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return static_cast<uint16_t>(u >> 16);
 }
 
 inline float lane_sum(vf a) {
@@ -91,6 +100,16 @@ inline vf vexp(vf x) {
 typedef uint16_t vu16 __attribute__((vector_size(kLanes * sizeof(uint16_t))));
 typedef uint32_t vu32 __attribute__((vector_size(kLanes * sizeof(uint32_t))));
 
+// kLanes bf16 values -> fp32 (exact: a bf16 is the high half of an fp32).
+inline vf vload_bf16(const uint16_t* p) {
+    vu16 h;
+    std::memcpy(&h, p, sizeof h);
+    const vu32 u = __builtin_convertvector(h, vu32) << 16;
+    vf r;
+    std::memcpy(&r, &u, sizeof r);
+    return r;
+}
+
 // Converts n elements (fp32 or bf16) to fp32.
 inline void to_float(const void* base, int64_t offset, int bf16, int n, float* dst) {
     if (!bf16) {
@@ -99,12 +118,7 @@ inline void to_float(const void* base, int64_t offset, int bf16, int n, float* d
     }
     const uint16_t* src = static_cast<const uint16_t*>(base) + offset;
     int i = 0;
-    for (; i + kLanes <= n; i += kLanes) {
-        vu16 h;
-        std::memcpy(&h, src + i, sizeof h);
-        const vu32 u = __builtin_convertvector(h, vu32) << 16;
-        std::memcpy(dst + i, &u, sizeof u);
-    }
+    for (; i + kLanes <= n; i += kLanes) vstore(dst + i, vload_bf16(src + i));
     for (; i < n; ++i) dst[i] = bf16_to_float(src[i]);
 }
 

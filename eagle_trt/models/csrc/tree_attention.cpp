@@ -204,14 +204,7 @@ inline void store_rows(const float* acc, const float* sums, int G, int D, int Dp
                 static_cast<float*>(out)[o + g * D + d] = x;
                 continue;
             }
-            uint32_t u;
-            std::memcpy(&u, &x, sizeof u);
-            uint16_t h;
-            if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu))  // NaN stays NaN
-                h = static_cast<uint16_t>((u >> 16) | 0x40);
-            else
-                h = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-            static_cast<uint16_t*>(out)[o + g * D + d] = h;
+            static_cast<uint16_t*>(out)[o + g * D + d] = to_bf16(x);
         }
     }
 }
