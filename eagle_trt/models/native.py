@@ -19,6 +19,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import torch
+
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
@@ -93,9 +95,8 @@ def library() -> ctypes.CDLL | None:
     if not enabled():
         return None
     try:
-        # torch is loaded first: the kernels' OpenMP then resolves to the runtime torch uses (one thread pool).
-        import torch  # noqa: F401
-
+        # torch is loaded first (the import above): the kernels' OpenMP then resolves to the runtime torch uses (one
+        # thread pool).
         _loaded = ctypes.CDLL(str(build()))
     except (RuntimeError, OSError) as exc:
         log.warning("native kernels unavailable (bf16 projections fall back to oneDNN, attention to float64, the "
@@ -119,8 +120,6 @@ def shared(wrapper, usable=None):
 def out_buffer(out, shape: tuple, dtype):
     """Where a kernel writes its result: `out` (a caller's buffer, reused across a forward's layers) if given, which
     must be a contiguous CPU tensor of this shape and dtype, else a new tensor."""
-    import torch
-
     if out is None:
         return torch.empty(shape, dtype=dtype)
     if out.dtype is not dtype or not out.is_cpu or not out.is_contiguous() or out.shape != shape:
