@@ -30,18 +30,21 @@ def main() -> None:
     ap.add_argument("--max-prompt-tokens", type=int, default=384)
     ap.add_argument("--shard", default="0/1", help="i/n: answer records i, i+n, i+2n, ...")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (greedy, full fp32 on each)")
     args = ap.parse_args()
 
     import torch
 
     from eagle_trt.convert.data import has_prompt, prompt_ids, read_records, regenerate
+    from eagle_trt.convert.device import resolve_device
     from eagle_trt.convert.load_target import load_target
 
     if args.threads:
         torch.set_num_threads(args.threads)
     i, n = (int(x) for x in args.shard.split("/"))
+    device = resolve_device(args.device)
     model, tokenizer, _ = load_target(args.target)
-    model.eval()
+    model.to(device).eval()
     records = [r for r in read_records(args.data) if has_prompt(r) and r.response is None][i::n]
     prompts = [prompt_ids(r, tokenizer, max_tokens=args.max_prompt_tokens) for r in records]
     t0 = time.perf_counter()

@@ -74,7 +74,8 @@ def test_shipped_datastore_is_the_heads_training_text(session):
     from eagle_trt.engine.datastore_file import check_datastore
 
     files = [REPO / "data" / n for n in ("code_answers.jsonl", "chat_train_answers.jsonl",
-                                         "chat_followup_answers.jsonl")]
+                                         "chat_followup_answers.jsonl", "code_more_answers.jsonl",
+                                         "chat_sampled_answers.jsonl")]
     sequences = build_dataset(files, session.tokenizer, seq_len=512, progress=False).sequences
     expected = []
     for seq in sequences:
@@ -96,3 +97,21 @@ def test_eagle_with_the_datastore_equals_ar(session, prompt):
         session.runner.datastore = None
     assert res.token_ids == ar
     assert res.metrics.to_dict()["lookup_tokens_accepted"] > 0
+
+
+def test_sampled_prompts_start_at_the_users_turn(session):
+    """scripts/sample_chat_prompts.py lets the target write a user message: the template up to it, and its end."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from sample_chat_prompts import user_turn
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    prefix, end = user_turn(session.tokenizer)
+    assert session.tokenizer.decode(prefix).endswith("<|im_start|>user\n")
+    assert session.tokenizer.convert_ids_to_tokens([end]) == ["<|im_end|>"]
+    full = session.tokenizer.apply_chat_template([{"role": "user", "content": "Hello there"}], tokenize=True,
+                                                 add_generation_prompt=False)
+    full = full["input_ids"] if hasattr(full, "keys") else full
+    assert list(full[:len(prefix)]) == prefix

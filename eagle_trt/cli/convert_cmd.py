@@ -44,6 +44,9 @@ def convert(
         "--calibrate-kv/--no-calibrate-kv",
         help="Calibrate FP8 KV-cache scales (kv_scales.safetensors) and report how much greedy output FP8 KV "
              "keeps against fp32 KV. Needed for `kv_cache_dtype: fp8` engines.")] = True,
+    device: Annotated[str, typer.Option(
+        help="Where regeneration, feature caching and training run: auto (a CUDA GPU if torch sees one), cpu, "
+             "cuda or cuda:N. The checkpoint, its validation and KV calibration are always on the CPU.")] = "auto",
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it already exists.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -61,7 +64,8 @@ def convert(
         steps=steps, epochs=epochs, data=data or None, draft_vocab_size=draft_vocab_size, seq_len=seq_len,
         batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, ttt_steps=ttt_steps, regenerate=regenerate,
         max_new_tokens=max_new_tokens, resume=resume, work_dir=work_dir, checkpoint_every=checkpoint_every,
-        seed=seed, validate=validate, head=head, calibrate_kv=calibrate_kv, overwrite=force), json_out)
+        seed=seed, validate=validate, head=head, calibrate_kv=calibrate_kv, device=device, overwrite=force),
+        json_out)
 
 
 def _convert(model, output, options: dict, json_out) -> None:

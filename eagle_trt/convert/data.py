@@ -176,6 +176,7 @@ def regenerate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int =
 
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos if eos is not None else 0)
+    device = next(model.parameters()).device
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
     answers: list[list[int]] = [[] for _ in prompts]
     bar = _progress(progress, "Regenerating answers with the target", len(prompts))
@@ -188,9 +189,10 @@ def regenerate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int =
             for r, i in enumerate(idx):  # left padding: every row ends where generation starts
                 ids[r, width - len(prompts[i]):] = torch.tensor(prompts[i])
                 mask[r, width - len(prompts[i]):] = 1
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
                                  do_sample=False, temperature=None, top_p=None, top_k=None,
                                  pad_token_id=pad, eos_token_id=eos)
+            out = out.cpu()
             for r, i in enumerate(idx):
                 gen = out[r, width:].tolist()
                 if eos is not None and eos in gen:

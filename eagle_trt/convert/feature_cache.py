@@ -61,20 +61,28 @@ class FeatureCache:
         f = self._files[s]
         return {name: f.get_slice(name)[a:b] for name in ("input_ids", "aux", "hidden")}
 
-    def batch(self, indices: list[int], pad_id: int = 0) -> dict[str, torch.Tensor]:
-        """Right-padded [B, L] ids / mask and [B, L, *] float32 features (L = longest in the batch)."""
+    def batch(self, indices: list[int], pad_id: int = 0, device: torch.device | str | None = None
+              ) -> dict[str, torch.Tensor]:
+        """Right-padded [B, L] ids / mask and [B, L, *] float32 features (L = longest in the batch).
+
+        The features are padded in their stored dtype and widened to float32 on `device` (default:
+        the CPU), so a GPU run moves half the bytes and converts them there."""
         seqs = [self.sequence(i) for i in indices]
         width = max(s["input_ids"].shape[0] for s in seqs)
         b = len(seqs)
         ids = torch.full((b, width), pad_id, dtype=torch.long)
         mask = torch.zeros((b, width), dtype=torch.long)
-        aux = torch.zeros((b, width, seqs[0]["aux"].shape[-1]))
-        hidden = torch.zeros((b, width, seqs[0]["hidden"].shape[-1]))
+        aux = torch.zeros((b, width, seqs[0]["aux"].shape[-1]), dtype=seqs[0]["aux"].dtype)
+        hidden = torch.zeros((b, width, seqs[0]["hidden"].shape[-1]), dtype=seqs[0]["hidden"].dtype)
         for r, s in enumerate(seqs):
             n = s["input_ids"].shape[0]
             ids[r, :n], mask[r, :n] = s["input_ids"].long(), 1
-            aux[r, :n], hidden[r, :n] = s["aux"].float(), s["hidden"].float()
-        return {"input_ids": ids, "attention_mask": mask, "aux": aux, "hidden": hidden}
+            aux[r, :n], hidden[r, :n] = s["aux"], s["hidden"]
+        out = {"input_ids": ids, "attention_mask": mask, "aux": aux, "hidden": hidden}
+        if device is not None and torch.device(device).type != "cpu":
+            out = {k: v.to(device, non_blocking=True) for k, v in out.items()}
+        out["aux"], out["hidden"] = out["aux"].float(), out["hidden"].float()
+        return out
 
 
 def load_feature_cache(cache_dir: str | Path, key: str) -> FeatureCache | None:
@@ -113,6 +121,7 @@ def build_feature_cache(model, sequences: list[list[int]], aux_layer_ids: list[i
         shutil.rmtree(cache_dir)
     cache_dir.mkdir(parents=True)
     base = model.model
+    device = next(model.parameters()).device
     vocab = model.config.vocab_size
     caught: dict[int, torch.Tensor] = {}
     hooks = [base.layers[i].register_forward_hook(
@@ -152,15 +161,16 @@ def build_feature_cache(model, sequences: list[list[int]], aux_layer_ids: list[i
                 for r, i in enumerate(idx):
                     ids[r, :len(sequences[i])], mask[r, :len(sequences[i])] = torch.tensor(sequences[i]), 1
                 caught.clear()
-                hidden = base(input_ids=ids, attention_mask=mask).last_hidden_state  # post final norm
-                aux = torch.cat([caught[i] for i in sorted(aux_layer_ids)], dim=-1)
+                hidden = base(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state  # post norm
+                aux = torch.cat([caught[i] for i in sorted(aux_layer_ids)], dim=-1).to(dtype).cpu()
+                preds = [model.lm_head(hidden[r, :len(sequences[i])]).argmax(-1).cpu() for r, i in enumerate(idx)]
+                hidden = hidden.to(dtype).cpu()
                 for r, i in enumerate(idx):
                     n = len(sequences[i])
-                    pred = model.lm_head(hidden[r, :n]).argmax(-1)
-                    predicted += torch.bincount(pred, minlength=vocab)[:vocab]
+                    predicted += torch.bincount(preds[r], minlength=vocab)[:vocab]
                     seen += torch.bincount(ids[r, :n], minlength=vocab)[:vocab]
-                    pending.append({"input_ids": ids[r, :n].clone(), "aux": aux[r, :n].to(dtype),
-                                    "hidden": hidden[r, :n].to(dtype)})
+                    pending.append({"input_ids": ids[r, :n].clone(), "aux": aux[r, :n].clone(),
+                                    "hidden": hidden[r, :n].clone()})
                     pending_tokens += n
                 if pending_tokens >= SHARD_TOKENS:
                     flush()

@@ -203,11 +203,14 @@ def convert_model(
     on_step: Callable[[dict], None] | None = None,
     head: str | Path | None = None,
     calibrate_kv: bool = True,
+    device: str | None = "auto",
 ) -> ConvertResult:
     """Convert MODEL (HF dir or .gguf) into OUT with an EAGLE-3 draft head; see the module doc.
 
     steps=0 and epochs=None: an untrained (seeded) head, nothing else. Otherwise the head is trained
-    on `data` (see `data.py` for the accepted inputs) for `steps` optimizer steps or `epochs` passes."""
+    on `data` (see `data.py` for the accepted inputs) for `steps` optimizer steps or `epochs` passes.
+    `device` ('auto', 'cpu', 'cuda', 'cuda:N') is where regeneration, feature caching and training run;
+    everything written is on the CPU (see `device.py`)."""
     if steps < 0:
         raise InputError(f"--steps must be >= 0; got {steps}")
     if draft_vocab_size is not None and draft_vocab_size < 1:
@@ -234,6 +237,9 @@ def convert_model(
         head = Path(head).expanduser()
         if not (head / "config.json").is_file() or not (head / "model.safetensors").is_file():
             raise InputError(f"--head '{head}' must be a dir with config.json and model.safetensors")
+    from .device import resolve_device
+
+    run_on = resolve_device(device) if train else None
     out = check_output_dir(output_dir, overwrite)  # before the slow load, not after it
     work = Path(work_dir).expanduser().absolute() if work_dir else out.parent / f".{out.name}.train"
     stages = _Stages(progress)
@@ -249,27 +255,34 @@ def convert_model(
             # own class name, and this way needs no second copy of the weights.
             write_target(model, tokenizer, stage / "target")
         if train:
+            from .device import training_matmul
+
+            model.to(run_on)
             dataset, d2t, cache = _prepare_training(model, tokenizer, info, data, work, stages, progress,
                                                     seq_len=seq_len, batch_size=batch_size, regenerate=regenerate,
                                                     max_new_tokens=max_new_tokens, val_prompts=val_prompts,
-                                                    draft_vocab_size=draft_vocab_size)
+                                                    draft_vocab_size=draft_vocab_size, device=run_on)
         with stages.stage("attach", "Attaching EAGLE-3 head (modelopt)"):
-            model = attach_eagle3(model, draft_vocab_size)
+            model = attach_eagle3(model.cpu(), draft_vocab_size)
         if train:
             from .draft_vocab import load_d2t
             from .train import run_config_dict, train_head
 
             if d2t is not None:
                 load_d2t(model, d2t)
+            model.to(run_on)
             run_config = run_config_dict(target=info.path, draft_vocab_size=model.eagle_config.draft_vocab_size,
                                          aux_layer_ids=list(model.eagle_config.eagle_aux_hidden_state_layer_ids),
                                          seq_len=seq_len, lr=lr, warmup_steps=warmup_steps)
-            with stages.stage("train", "Training draft head", spinner=False):
-                result = train_head(model, cache, cfg, work / "checkpoint.safetensors", resume=resume,
-                                    progress=progress, on_step=on_step, run_config=run_config)
+            with stages.stage("train", f"Training draft head on {run_on}", spinner=False), training_matmul(run_on):
+                try:
+                    result = train_head(model, cache, cfg, work / "checkpoint.safetensors", resume=resume,
+                                        progress=progress, on_step=on_step, run_config=run_config)
+                finally:
+                    model.cpu()
             training = {"data": dataset.stats, "config": {**run_config, "batch_size": batch_size,
                                                           "ttt_steps": ttt_steps, "seed": seed,
-                                                          "regenerate": regenerate},
+                                                          "regenerate": regenerate, "device": str(run_on)},
                         **result.summary()}
         with stages.stage("export_draft", "Writing draft head"):
             draft_config = write_draft(model, stage / "draft")
@@ -309,10 +322,11 @@ def convert_model(
 
 
 def _prepare_training(model, tokenizer, info, data, work: Path, stages: _Stages, progress: bool, *, seq_len,
-                      batch_size, regenerate, max_new_tokens, val_prompts, draft_vocab_size):
+                      batch_size, regenerate, max_new_tokens, val_prompts, draft_vocab_size, device):
     """Dataset (cached in the work dir), target feature cache, and d2t (None at full vocab)."""
     from .attach import default_aux_layer_ids
     from .data import build_dataset
+    from .device import training_matmul
     from .draft_vocab import d2t_from_vocab, ranking, select_draft_vocab
     from .train import build_feature_cache, load_feature_cache
 
@@ -324,7 +338,7 @@ def _prepare_training(model, tokenizer, info, data, work: Path, stages: _Stages,
             max_new_tokens=max_new_tokens, gen_batch_size=max(8, batch_size), progress=progress))
     aux_ids = default_aux_layer_ids(model.config.num_hidden_layers)
     cache_key = hashlib.sha256(json.dumps([key, aux_ids, "bfloat16"]).encode()).hexdigest()[:32]
-    with stages.stage("cache", "Caching target features", spinner=False):
+    with stages.stage("cache", "Caching target features", spinner=False), training_matmul(device):
         cache = load_feature_cache(work / "cache", cache_key)
         if cache is None:
             cache = build_feature_cache(model, dataset.sequences, aux_ids, work / "cache", cache_key,

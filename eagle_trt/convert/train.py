@@ -193,6 +193,7 @@ def train_head(model, cache: FeatureCache, cfg: TrainConfig, checkpoint_path: st
         # save_pretrained leaves config.dtype as a string; modelopt's TTT masks call torch.finfo on it.
         base_cfg.dtype = next(model.eagle_module.parameters()).dtype
     params = [p for _, p in _trainable(model)]
+    device = params[0].device  # the caller placed the model; batches follow it
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     step, history = 0, []
@@ -224,7 +225,7 @@ def train_head(model, cache: FeatureCache, cfg: TrainConfig, checkpoint_path: st
             while step < total:
                 epoch, pos = divmod(step, spe)
                 idx = batch_order(n, cfg.batch_size, cfg.seed, epoch)[pos]
-                batch = cache.batch(idx)
+                batch = cache.batch(idx, device=device)
                 if batch["input_ids"].shape[1] != last_width:
                     # modelopt caches the TTT attention masks per step index, built for one length.
                     model._cached_attn_blk_masks = {}

@@ -1,0 +1,79 @@
+"""convert's --device: where regeneration, feature caching and training run (the CPU here; CUDA by contract)."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from eagle_trt.cli.app import app
+from eagle_trt.convert.device import resolve_device, training_matmul
+from eagle_trt.errors import InputError
+
+
+def test_cpu_and_auto():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(" CPU ") == torch.device("cpu")
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    assert resolve_device(None).type == expected
+
+
+@pytest.mark.parametrize("bad", ["tpu", "cuda:x", "cuda:-1", "gpu", ""])
+def test_unknown_device_is_a_clear_error(bad):
+    if bad == "":
+        assert resolve_device(bad).type in ("cpu", "cuda")  # empty means auto
+        return
+    with pytest.raises(InputError, match="--device must be"):
+        resolve_device(bad)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("name", ["cuda", "cuda:0"])
+def test_cuda_without_a_gpu_says_what_to_do(name):
+    with pytest.raises(InputError, match="sees no CUDA GPU; use --device cpu"):
+        resolve_device(name)
+
+
+def test_training_matmul_restores_the_flags():
+    before = torch.backends.cuda.matmul.allow_tf32
+    with training_matmul(torch.device("cpu")):
+        assert torch.backends.cuda.matmul.allow_tf32 == before  # the CPU is left alone
+    if torch.cuda.is_available():
+        with training_matmul(torch.device("cuda")):
+            assert torch.backends.cuda.matmul.allow_tf32
+    assert torch.backends.cuda.matmul.allow_tf32 == before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_convert_cli_refuses_cuda_before_loading(tiny_model_dir, tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "hi", "response": "there"}) + "\n")
+    out = tmp_path / "ck"
+    r = CliRunner().invoke(app, ["convert", str(tiny_model_dir), "--output", str(out), "--steps", "1",
+                                 "--data", str(data), "--device", "cuda"])
+    assert r.exit_code != 0
+    assert "--device cuda" in r.output and "Traceback" not in r.output
+    assert not out.exists()
+
+
+def test_cache_batch_widens_on_the_requested_device(tiny_model_dir, tmp_path):
+    from eagle_trt.convert.data import build_dataset
+    from eagle_trt.convert.load_target import load_target
+    from eagle_trt.convert.train import build_feature_cache
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"the cat {i}", "response": "sat on the mat " * (i + 1)}) + "\n"
+                            for i in range(6)))
+    model, tok, _ = load_target(tiny_model_dir)
+    ds = build_dataset([data], tok, seq_len=32, n_val=0, progress=False)
+    cache = build_feature_cache(model, ds.sequences, [1, 3, 4], tmp_path / "cache", key="k", progress=False)
+    batch = cache.batch([0, 2], device="cpu")
+    plain = cache.batch([0, 2])
+    for k in plain:
+        assert torch.equal(batch[k], plain[k])
+    assert batch["aux"].dtype == batch["hidden"].dtype == torch.float32
+    n = cache.length(0)
+    stored = cache.sequence(0)
+    assert torch.equal(batch["aux"][0, :n], stored["aux"].float())
+    assert batch["attention_mask"][0, :n].all() and not batch["aux"][0, n:].any()
