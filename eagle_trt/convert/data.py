@@ -189,9 +189,9 @@ def regenerate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int =
             for r, i in enumerate(idx):  # left padding: every row ends where generation starts
                 ids[r, width - len(prompts[i]):] = torch.tensor(prompts[i])
                 mask[r, width - len(prompts[i]):] = 1
-            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
-                                 do_sample=False, temperature=None, top_p=None, top_k=None,
-                                 pad_token_id=pad, eos_token_id=eos)
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                 max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None,
+                                 top_k=None, pad_token_id=pad, eos_token_id=eos)
             out = out.cpu()
             for r, i in enumerate(idx):
                 gen = out[r, width:].tolist()
