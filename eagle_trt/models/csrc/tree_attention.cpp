@@ -6,7 +6,10 @@
 // kernel picks its blocking, lanes and threads from the call's shape, so a row's sums run in a different order
 // in the two calls. Here every sum has an order fixed by the row and its keys alone:
 //   1. scores: K is transposed once per call, so the score of (query vector, key) is one lane's chain of fused
-//      multiply-adds over head_dim, in order, whichever lane or tile the key lands in;
+//      multiply-adds over head_dim, in order, whichever lane or tile the key lands in. With bf16 inputs on a CPU
+//      that grants AMX tiles, K is packed into tiles instead and each score is the tile instruction's dot product
+//      over head_dim (blocks of 32 in order): it treats each (query, key) element of a tile apart, so the score
+//      is again a function of that query and key alone. Which path runs is fixed per process;
 //   2. the visible keys are listed in slot order (prefix, then the row's ancestors, then itself: the same
 //      sequence, in the same order, as the keys slots 0..p hold when that token is decoded alone);
 //   3. softmax over that list: max (exact in any order), exp by a fixed polynomial, the sum in fixed-width lane
@@ -27,6 +30,14 @@
 
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
+#define EAGLE_TRT_AMX_SCORES 1
+#include <immintrin.h>
+static_assert(eagle_trt::kLanes == 16, "AMX builds have AVX-512");
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace {
@@ -64,9 +75,11 @@ void convert_kv(const Layout& L, const void* k, int64_t k_sh, int64_t k_sr, cons
                 int64_t v_sr, int bf16, float* kt, float* vv, int hk, int j0, int j1) {
     float row[1024];
     for (int j = j0; j < j1; ++j) {
-        to_float(k, (int64_t)hk * k_sh + (int64_t)j * k_sr, bf16, L.D, row);
-        float* dst = kt + (int64_t)hk * L.D * L.Sp + j;
-        for (int d = 0; d < L.D; ++d) dst[(int64_t)d * L.Sp] = row[d];
+        if (kt) {  // null when the scores run on AMX tiles from packed bf16 K
+            to_float(k, (int64_t)hk * k_sh + (int64_t)j * k_sr, bf16, L.D, row);
+            float* dst = kt + (int64_t)hk * L.D * L.Sp + j;
+            for (int d = 0; d < L.D; ++d) dst[(int64_t)d * L.Sp] = row[d];
+        }
         float* vd = vv + ((int64_t)hk * L.S + j) * L.Dp;
         to_float(v, (int64_t)hk * v_sh + (int64_t)j * v_sr, bf16, L.D, vd);
         for (int d = L.D; d < L.Dp; ++d) vd[d] = 0.0f;
@@ -80,16 +93,18 @@ struct Scratch {
     float* scores = nullptr; // [G][Sp] one row's scores of its visible keys, compacted, then their exp
     float* q = nullptr;      // [kRows * G][Dp] the task's query vectors
     float* acc = nullptr;    // [G][Dp]
+    uint16_t* qb = nullptr;  // [kRows * G][head_dim padded to 32] the task's query vectors in bf16 (AMX scores)
 
     // False if memory ran out.
     bool fit(const Layout& L) {
-        static thread_local Buffer b_idx, b_raw, b_scores, b_q, b_acc;
+        static thread_local Buffer b_idx, b_raw, b_scores, b_q, b_acc, b_qb;
+        qb = b_qb.get<uint16_t>((size_t)kRows * L.G * ((L.D + 31) / 32 * 32));
         idx = b_idx.get<int>(L.S);
         raw = b_raw.get<float>((size_t)kRows * L.G * L.Sp);
         scores = b_scores.get<float>((size_t)L.G * L.Sp);
         q = b_q.get<float>((size_t)kRows * L.G * L.Dp);
         acc = b_acc.get<float>((size_t)L.G * L.Dp);
-        return idx && raw && scores && q && acc;
+        return idx && raw && scores && q && acc && qb;
     }
 };
 
@@ -195,6 +210,95 @@ void score_block(const float* qs, int nq, const float* khead, int D, int Dp, int
     if (j < Sp) score_tiles<1>(qs, nq, khead + j, D, Dp, Sp, scale, raw + j);
 }
 
+#ifdef EAGLE_TRT_AMX_SCORES
+// bf16 scores on AMX tiles: the same raw[v][j] as score_block, each one the tile instruction's sum over head_dim in
+// blocks of 32 (pairs in its fixed order, blocks in order). The instruction treats every (row, column) of a tile
+// apart, so a score depends on its query vector and key alone, whatever else shares the tile.
+//
+// K is packed per call as [Hkv][key tile of 16][block of 32 dims][16 dim pairs][16 keys][2]: one 1 KB B tile per
+// (key tile, block); head_dim is padded with zeros to a multiple of 32 and keys to a multiple of 16 (zero products
+// add nothing).
+struct AmxTileConfig {
+    uint8_t palette = 1, start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+
+bool amx_granted() {
+    static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;  // ARCH_REQ_XCOMP_PERM, XTILEDATA
+    return ok;
+}
+
+constexpr int kTileKeys = 16, kTileDims = 32, kTileElems = 16 * 16 * 2;
+
+inline int64_t packed_k_elems(const Layout& L) {
+    return (int64_t)L.Hkv * (L.Sp / kTileKeys) * ((L.D + kTileDims - 1) / kTileDims) * kTileElems;
+}
+
+void pack_k(const Layout& L, const uint16_t* k, int64_t k_sh, int64_t k_sr, uint16_t* kp, int hk, int j0, int j1) {
+    const int blocks = (L.D + kTileDims - 1) / kTileDims;
+    uint16_t* head = kp + (int64_t)hk * (L.Sp / kTileKeys) * blocks * kTileElems;
+    for (int j = j0; j < j1; ++j) {
+        uint16_t* tile_row = head + (int64_t)(j / kTileKeys) * blocks * kTileElems + (j % kTileKeys) * 2;
+        const uint16_t* src = k + (int64_t)hk * k_sh + (int64_t)j * k_sr;
+        for (int b = 0; b < blocks; ++b) {
+            uint16_t* t = tile_row + (int64_t)b * kTileElems;
+            for (int pr = 0; pr < 16; ++pr) {
+                const int d = b * kTileDims + 2 * pr;
+                t[pr * 32] = j < L.S && d < L.D ? src[d] : 0;
+                t[pr * 32 + 1] = j < L.S && d + 1 < L.D ? src[d + 1] : 0;
+            }
+        }
+    }
+}
+
+// raw[v][j] = scale * q_v . k_j for the task's nq query vectors (bf16 rows of qb, Dq = head_dim padded to 32).
+void score_block_amx(const uint16_t* qb, int nq, int Dq, const uint16_t* kp_head, int Sp, float scale, float* raw) {
+    const int blocks = Dq / kTileDims, tiles = Sp / kTileKeys;
+    alignas(64) float c[16 * 16];
+    for (int v0 = 0; v0 < nq; v0 += 16) {
+        const int m = nq - v0 < 16 ? nq - v0 : 16;
+        AmxTileConfig cfg;
+        cfg.rows[0] = cfg.rows[1] = cfg.rows[4] = static_cast<uint8_t>(m);
+        cfg.rows[6] = cfg.rows[7] = 16;
+        cfg.colsb[0] = cfg.colsb[1] = cfg.colsb[4] = cfg.colsb[6] = cfg.colsb[7] = 64;
+        _tile_loadconfig(&cfg);
+        const uint16_t* a = qb + (int64_t)v0 * Dq;
+        int jt = 0;
+        for (; jt + 1 < tiles; jt += 2) {
+            _tile_zero(0);
+            _tile_zero(1);
+            const uint16_t* b0 = kp_head + (int64_t)jt * blocks * kTileElems;
+            for (int b = 0; b < blocks; ++b) {
+                _tile_loadd(4, a + b * kTileDims, Dq * 2);
+                _tile_loadd(6, b0 + (int64_t)b * kTileElems, 64);
+                _tile_loadd(7, b0 + (int64_t)(blocks + b) * kTileElems, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+            }
+            for (int t = 0; t < 2; ++t) {
+                if (t == 0) _tile_stored(0, c, 64);
+                else _tile_stored(1, c, 64);
+                for (int r = 0; r < m; ++r)
+                    vstore(raw + (int64_t)(v0 + r) * Sp + (jt + t) * kTileKeys, vload(c + r * 16) * scale);
+            }
+        }
+        if (jt < tiles) {
+            _tile_zero(0);
+            const uint16_t* b0 = kp_head + (int64_t)jt * blocks * kTileElems;
+            for (int b = 0; b < blocks; ++b) {
+                _tile_loadd(4, a + b * kTileDims, Dq * 2);
+                _tile_loadd(6, b0 + (int64_t)b * kTileElems, 64);
+                _tile_dpbf16ps(0, 4, 6);
+            }
+            _tile_stored(0, c, 64);
+            for (int r = 0; r < m; ++r) vstore(raw + (int64_t)(v0 + r) * Sp + jt * kTileKeys, vload(c + r * 16) * scale);
+        }
+    }
+}
+#endif
+
 // out[o + g * D + d] = acc[g][d] / sums[g], as fp32 or rounded to bfloat16 (nearest, ties to even).
 inline void store_rows(const float* acc, const float* sums, int G, int D, int Dp, void* out, int64_t o, int bf16) {
     for (int g = 0; g < G; ++g) {
@@ -267,7 +371,7 @@ void finish_row(const Layout& L, int t, int hk, const float* raw, const float* v
 
 // Rows [t0, t1) (at most kRows) of KV head hk.
 void one_task(const Layout& L, int t0, int t1, int hk, const void* q, int64_t q_sh, int64_t q_sr, const float* kt,
-              const float* vv, const uint8_t* mask, void* out, float scale, int bf16, Scratch& w) {
+              const uint16_t* kp, const float* vv, const uint8_t* mask, void* out, float scale, int bf16, Scratch& w) {
     const int G = L.G, Dp = L.Dp;
     int nq = 0;
     for (int t = t0; t < t1; ++t)
@@ -276,6 +380,21 @@ void one_task(const Layout& L, int t0, int t1, int hk, const void* q, int64_t q_
             to_float(q, (int64_t)(hk * G + g) * q_sh + (int64_t)t * q_sr, bf16, L.D, qv);
             for (int d = L.D; d < Dp; ++d) qv[d] = 0.0f;
         }
+#ifdef EAGLE_TRT_AMX_SCORES
+    if (kp) {
+        const int Dq = (L.D + 31) / 32 * 32;
+        int v = 0;
+        for (int t = t0; t < t1; ++t)
+            for (int g = 0; g < G; ++g, ++v) {
+                const uint16_t* src = static_cast<const uint16_t*>(q) + (int64_t)(hk * G + g) * q_sh + (int64_t)t * q_sr;
+                uint16_t* dst = w.qb + (int64_t)v * Dq;
+                std::memcpy(dst, src, sizeof(uint16_t) * L.D);
+                for (int d = L.D; d < Dq; ++d) dst[d] = 0;
+            }
+        const int64_t per_head = (int64_t)(L.Sp / kTileKeys) * (Dq / kTileDims) * kTileElems;
+        score_block_amx(w.qb, nq, Dq, kp + hk * per_head, L.Sp, scale, w.raw);
+    } else
+#endif
     score_block(w.q, nq, kt + (int64_t)hk * L.D * L.Sp, L.D, Dp, L.Sp, scale, w.raw);
     for (int t = t0; t < t1; ++t) finish_row(L, t, hk, w.raw + (int64_t)(t - t0) * G * L.Sp, vv, mask, out, bf16, w);
 }
@@ -293,13 +412,25 @@ int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const vo
                              int Hkv, int T, int S, int D, float scale, int bf16, int threads) {
     if (Hkv <= 0 || H % Hkv != 0 || H / Hkv > 64 || D > 1024 || S <= 0) return -2;
     Layout L{H, Hkv, H / Hkv, S, (S + kLanes - 1) / kLanes * kLanes, D, (D + kLanes - 1) / kLanes * kLanes};
-    static thread_local Buffer b_kt, b_vv;  // the calling thread's: K transposed and V, as fp32
-    float* kt = b_kt.get<float>((size_t)Hkv * D * L.Sp);
+    static thread_local Buffer b_kt, b_vv, b_kp;  // the calling thread's: K transposed and V as fp32; K packed
+    float* kt = nullptr;
+    uint16_t* kp = nullptr;
+#ifdef EAGLE_TRT_AMX_SCORES
+    // bf16 scores on AMX tiles wherever the CPU grants them: a property of the process, the same for every call.
+    if (bf16 && amx_granted()) {
+        kp = b_kp.get<uint16_t>((size_t)packed_k_elems(L));
+        if (!kp) return -1;
+    }
+#endif
+    if (!kp) {
+        kt = b_kt.get<float>((size_t)Hkv * D * L.Sp);
+        if (!kt) return -1;
+        for (int hk = 0; hk < Hkv; ++hk)  // padding slots score 0 and are never listed as visible
+            for (int d = 0; d < D; ++d)
+                for (int j = S; j < L.Sp; ++j) kt[((int64_t)hk * D + d) * L.Sp + j] = 0.0f;
+    }
     float* vv = b_vv.get<float>((size_t)Hkv * S * L.Dp);
-    if (!kt || !vv) return -1;
-    for (int hk = 0; hk < Hkv; ++hk)  // padding slots score 0 and are never listed as visible
-        for (int d = 0; d < D; ++d)
-            for (int j = S; j < L.Sp; ++j) kt[((int64_t)hk * D + d) * L.Sp + j] = 0.0f;
+    if (!vv) return -1;
     const int blocks = (S + 63) / 64;
     const int row_blocks = (T + kRows - 1) / kRows;
     const int tasks = row_blocks * Hkv;
@@ -311,7 +442,15 @@ int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const vo
         for (int b = 0; b < Hkv * blocks; ++b) {
             const int hk = b / blocks, j0 = (b % blocks) * 64;
             convert_kv(L, k, k_sh, k_sr, v, v_sh, v_sr, bf16, kt, vv, hk, j0, j0 + 64 < S ? j0 + 64 : S);
+#ifdef EAGLE_TRT_AMX_SCORES
+            // Packed K: this block's keys, and the zero keys padding the last tile.
+            if (kp) pack_k(L, static_cast<const uint16_t*>(k), k_sh, k_sr, kp, hk, j0, j0 + 64 < S ? j0 + 64 : L.Sp);
+#endif
         }
+#ifdef EAGLE_TRT_AMX_SCORES
+        AmxTileConfig saved;  // other kernels in the process (oneDNN, the projections) keep their tile state
+        if (kp) _tile_storeconfig(&saved);
+#endif
         Scratch w;
         const bool ok = w.fit(L);
         if (!ok) {
@@ -322,8 +461,11 @@ int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const vo
         for (int task = 0; task < tasks; ++task) {
             if (!ok) continue;
             const int t0 = task / Hkv * kRows, t1 = t0 + kRows < T ? t0 + kRows : T;
-            one_task(L, t0, t1, task % Hkv, q, q_sh, q_sr, kt, vv, mask, out, scale, bf16, w);
+            one_task(L, t0, t1, task % Hkv, q, q_sh, q_sr, kt, kp, vv, mask, out, scale, bf16, w);
         }
+#ifdef EAGLE_TRT_AMX_SCORES
+        if (kp) _tile_loadconfig(&saved);
+#endif
     }
     return failed ? -1 : 0;
 }
