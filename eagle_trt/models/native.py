@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = [CSRC / "tree_attention.cpp", CSRC / "row_ops.cpp", CSRC / "gemm_amx.cpp"]
-HEADERS = [CSRC / "simd.h"]
+HEADERS = [CSRC / "simd.h", CSRC / "amx.h"]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared", "-std=c++17"]
 
 _loaded: "ctypes.CDLL | None | bool" = False  # False: not tried yet

@@ -17,12 +17,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
-#define EAGLE_TRT_AMX 1
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
+#include "amx.h"
 
 namespace {
 
@@ -31,13 +26,7 @@ constexpr int kBlockK = 32;     // K per tile step (16 bf16 pairs)
 constexpr int kPanel = 2 * 16 * 32;  // bf16 elements of one group's two B tiles for one K block
 
 #ifdef EAGLE_TRT_AMX
-struct TileConfig {
-    uint8_t palette = 1, start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-};
-static_assert(sizeof(TileConfig) == 64, "the tile configuration is 64 bytes");
+using eagle_trt::TileConfig;
 
 // Tiles: 0,1 results of row tile 0 (columns 0-15, 16-31); 2,3 of row tile 1; 4,5 the x row tiles; 6,7 weights.
 void configure(int m0, int m1) {
@@ -120,8 +109,7 @@ extern "C" {
 // else 0.
 int eagle_trt_amx_available() {
 #ifdef EAGLE_TRT_AMX
-    // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; granting it again is harmless.
-    return syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? 1 : 0;
+    return eagle_trt::request_amx() ? 1 : 0;
 #else
     return 0;
 #endif

@@ -32,12 +32,9 @@
 #include <omp.h>
 #endif
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
-#define EAGLE_TRT_AMX_SCORES 1
-#include <immintrin.h>
+#include "amx.h"
+#ifdef EAGLE_TRT_AMX
 static_assert(eagle_trt::kLanes == 16, "AMX builds have AVX-512");
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 namespace {
@@ -210,7 +207,7 @@ void score_block(const float* qs, int nq, const float* khead, int D, int Dp, int
     if (j < Sp) score_tiles<1>(qs, nq, khead + j, D, Dp, Sp, scale, raw + j);
 }
 
-#ifdef EAGLE_TRT_AMX_SCORES
+#ifdef EAGLE_TRT_AMX
 // bf16 scores on AMX tiles: the same raw[v][j] as score_block, each one the tile instruction's sum over head_dim in
 // blocks of 32 (pairs in its fixed order, blocks in order). The instruction treats every (row, column) of a tile
 // apart, so a score depends on its query vector and key alone, whatever else shares the tile.
@@ -218,15 +215,8 @@ void score_block(const float* qs, int nq, const float* khead, int D, int Dp, int
 // K is packed per call as [Hkv][key tile of 16][block of 32 dims][16 dim pairs][16 keys][2]: one 1 KB B tile per
 // (key tile, block); head_dim is padded with zeros to a multiple of 32 and keys to a multiple of 16 (zero products
 // add nothing).
-struct AmxTileConfig {
-    uint8_t palette = 1, start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-};
-
 bool amx_granted() {
-    static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;  // ARCH_REQ_XCOMP_PERM, XTILEDATA
+    static const bool ok = request_amx();
     return ok;
 }
 
@@ -259,7 +249,7 @@ void score_block_amx(const uint16_t* qb, int nq, int Dq, const uint16_t* kp_head
     alignas(64) float c[16 * 16];
     for (int v0 = 0; v0 < nq; v0 += 16) {
         const int m = nq - v0 < 16 ? nq - v0 : 16;
-        AmxTileConfig cfg;
+        TileConfig cfg;
         cfg.rows[0] = cfg.rows[1] = cfg.rows[4] = static_cast<uint8_t>(m);
         cfg.rows[6] = cfg.rows[7] = 16;
         cfg.colsb[0] = cfg.colsb[1] = cfg.colsb[4] = cfg.colsb[6] = cfg.colsb[7] = 64;
@@ -380,7 +370,7 @@ void one_task(const Layout& L, int t0, int t1, int hk, const void* q, int64_t q_
             to_float(q, (int64_t)(hk * G + g) * q_sh + (int64_t)t * q_sr, bf16, L.D, qv);
             for (int d = L.D; d < Dp; ++d) qv[d] = 0.0f;
         }
-#ifdef EAGLE_TRT_AMX_SCORES
+#ifdef EAGLE_TRT_AMX
     if (kp) {
         const int Dq = (L.D + 31) / 32 * 32;
         int v = 0;
@@ -415,7 +405,7 @@ int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const vo
     static thread_local Buffer b_kt, b_vv, b_kp;  // the calling thread's: K transposed and V as fp32; K packed
     float* kt = nullptr;
     uint16_t* kp = nullptr;
-#ifdef EAGLE_TRT_AMX_SCORES
+#ifdef EAGLE_TRT_AMX
     // bf16 scores on AMX tiles wherever the CPU grants them: a property of the process, the same for every call.
     if (bf16 && amx_granted()) {
         kp = b_kp.get<uint16_t>((size_t)packed_k_elems(L));
@@ -442,13 +432,13 @@ int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const vo
         for (int b = 0; b < Hkv * blocks; ++b) {
             const int hk = b / blocks, j0 = (b % blocks) * 64;
             convert_kv(L, k, k_sh, k_sr, v, v_sh, v_sr, bf16, kt, vv, hk, j0, j0 + 64 < S ? j0 + 64 : S);
-#ifdef EAGLE_TRT_AMX_SCORES
+#ifdef EAGLE_TRT_AMX
             // Packed K: this block's keys, and the zero keys padding the last tile.
             if (kp) pack_k(L, static_cast<const uint16_t*>(k), k_sh, k_sr, kp, hk, j0, j0 + 64 < S ? j0 + 64 : L.Sp);
 #endif
         }
-#ifdef EAGLE_TRT_AMX_SCORES
-        AmxTileConfig saved;  // other kernels in the process (oneDNN, the projections) keep their tile state
+#ifdef EAGLE_TRT_AMX
+        TileConfig saved;  // other kernels in the process (oneDNN, the projections) keep their tile state
         if (kp) _tile_storeconfig(&saved);
 #endif
         Scratch w;
@@ -463,7 +453,7 @@ int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const vo
             const int t0 = task / Hkv * kRows, t1 = t0 + kRows < T ? t0 + kRows : T;
             one_task(L, t0, t1, task % Hkv, q, q_sh, q_sr, kt, kp, vv, mask, out, scale, bf16, w);
         }
-#ifdef EAGLE_TRT_AMX_SCORES
+#ifdef EAGLE_TRT_AMX
         if (kp) _tile_loadconfig(&saved);
 #endif
     }
