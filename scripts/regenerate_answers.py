@@ -30,7 +30,8 @@ def main() -> None:
     ap.add_argument("--max-prompt-tokens", type=int, default=384)
     ap.add_argument("--shard", default="0/1", help="i/n: answer records i, i+n, i+2n, ...")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (greedy, full fp32 on each)")
+    ap.add_argument("--device", default="auto", help="auto (a CUDA GPU if torch sees one), cpu, cuda or cuda:N; "
+                    "greedy with full fp32 matrix products on each")
     args = ap.parse_args()
 
     import torch

@@ -28,19 +28,16 @@ def main() -> None:
     args = ap.parse_args()
 
     from eagle_trt.convert.data import build_dataset
-    from eagle_trt.convert.validate import measure_acceptance, write_report
+    from eagle_trt.convert.validate import checkpoint_report, write_report
     from eagle_trt.runtime.session import load_tokenizer
 
     tokenizer = load_tokenizer(args.checkpoint / "target")
     prompts = build_dataset(args.data, tokenizer, seq_len=args.seq_len, n_val=args.val_prompts,
                             progress=False).val_prompts
-    validation = measure_acceptance(args.checkpoint / "target", args.checkpoint / "draft", prompts,
-                                    max_new_tokens=args.max_new_tokens)
-    validation["prompt_source"] = "held-out"
-    report = {"validation": validation}
-    if args.training:
-        report["training"] = json.loads(args.training.read_text())["training"]
+    training = json.loads(args.training.read_text())["training"] if args.training else None
+    report = checkpoint_report(args.checkpoint, tokenizer, prompts, training, args.max_new_tokens)
     path = write_report(args.head, report)
+    validation = report["validation"]
     print(json.dumps({k: v for k, v in validation.items() if k != "per_prompt"}, indent=1))
     print(f"-> {path}")
 

@@ -19,13 +19,14 @@ def test_cpu_and_auto():
     assert resolve_device(None).type == expected
 
 
-@pytest.mark.parametrize("bad", ["tpu", "cuda:x", "cuda:-1", "gpu", ""])
+@pytest.mark.parametrize("bad", ["tpu", "cuda:x", "cuda:-1", "gpu"])
 def test_unknown_device_is_a_clear_error(bad):
-    if bad == "":
-        assert resolve_device(bad).type in ("cpu", "cuda")  # empty means auto
-        return
     with pytest.raises(InputError, match="--device must be"):
         resolve_device(bad)
+
+
+def test_empty_device_means_auto():
+    assert resolve_device("") == resolve_device("auto")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -35,14 +36,21 @@ def test_cuda_without_a_gpu_says_what_to_do(name):
         resolve_device(name)
 
 
-def test_training_matmul_restores_the_flags():
-    before = torch.backends.cuda.matmul.allow_tf32
-    with training_matmul(torch.device("cpu")):
-        assert torch.backends.cuda.matmul.allow_tf32 == before  # the CPU is left alone
-    if torch.cuda.is_available():
+def test_training_matmul_turns_tf32_on_for_cuda_only_and_restores_it():
+    # The flags are process-wide settings: no GPU is needed to check them.
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        with training_matmul(torch.device("cpu")):
+            assert not torch.backends.cuda.matmul.allow_tf32
         with training_matmul(torch.device("cuda")):
-            assert torch.backends.cuda.matmul.allow_tf32
-    assert torch.backends.cuda.matmul.allow_tf32 == before
+            assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        with pytest.raises(RuntimeError), training_matmul(torch.device("cuda")):
+            raise RuntimeError("a failed step")
+        assert not torch.backends.cuda.matmul.allow_tf32  # restored on errors too
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -57,7 +65,7 @@ def test_convert_cli_refuses_cuda_before_loading(tiny_model_dir, tmp_path):
     assert not out.exists()
 
 
-def test_cache_batch_widens_on_the_requested_device(tiny_model_dir, tmp_path):
+def test_cache_batch_widens_the_stored_features_on_the_requested_device(tiny_model_dir, tmp_path):
     from eagle_trt.convert.data import build_dataset
     from eagle_trt.convert.load_target import load_target
     from eagle_trt.convert.train import build_feature_cache
@@ -68,12 +76,14 @@ def test_cache_batch_widens_on_the_requested_device(tiny_model_dir, tmp_path):
     model, tok, _ = load_target(tiny_model_dir)
     ds = build_dataset([data], tok, seq_len=32, n_val=0, progress=False)
     cache = build_feature_cache(model, ds.sequences, [1, 3, 4], tmp_path / "cache", key="k", progress=False)
-    batch = cache.batch([0, 2], device="cpu")
-    plain = cache.batch([0, 2])
-    for k in plain:
-        assert torch.equal(batch[k], plain[k])
-    assert batch["aux"].dtype == batch["hidden"].dtype == torch.float32
+    batch = cache.batch([0, 2])
     n = cache.length(0)
     stored = cache.sequence(0)
+    assert batch["aux"].dtype == batch["hidden"].dtype == torch.float32
     assert torch.equal(batch["aux"][0, :n], stored["aux"].float())
+    assert torch.equal(batch["hidden"][0, :n], stored["hidden"].float())
     assert batch["attention_mask"][0, :n].all() and not batch["aux"][0, n:].any()
+    # Another device (meta: shapes and dtypes without memory) gets every tensor, widened there.
+    moved = cache.batch([0, 2], device="meta")
+    for k, v in batch.items():
+        assert moved[k].device.type == "meta" and moved[k].dtype == v.dtype and moved[k].shape == v.shape

@@ -237,7 +237,7 @@ def convert_model(
         head = Path(head).expanduser()
         if not (head / "config.json").is_file() or not (head / "model.safetensors").is_file():
             raise InputError(f"--head '{head}' must be a dir with config.json and model.safetensors")
-    from .device import resolve_device
+    from .device import resolve_device, training_matmul
 
     run_on = resolve_device(device) if train else None
     out = check_output_dir(output_dir, overwrite)  # before the slow load, not after it
@@ -255,14 +255,13 @@ def convert_model(
             # own class name, and this way needs no second copy of the weights.
             write_target(model, tokenizer, stage / "target")
         if train:
-            from .device import training_matmul
-
-            model.to(run_on)
+            model.to(run_on)  # regeneration and the feature cache run where the training will
             dataset, d2t, cache = _prepare_training(model, tokenizer, info, data, work, stages, progress,
                                                     seq_len=seq_len, batch_size=batch_size, regenerate=regenerate,
                                                     max_new_tokens=max_new_tokens, val_prompts=val_prompts,
-                                                    draft_vocab_size=draft_vocab_size, device=run_on)
+                                                    draft_vocab_size=draft_vocab_size)
         with stages.stage("attach", "Attaching EAGLE-3 head (modelopt)"):
+            # On the CPU: the head's seeded initialisation is then the same whatever device trains it.
             model = attach_eagle3(model.cpu(), draft_vocab_size)
         if train:
             from .draft_vocab import load_d2t
@@ -322,7 +321,7 @@ def convert_model(
 
 
 def _prepare_training(model, tokenizer, info, data, work: Path, stages: _Stages, progress: bool, *, seq_len,
-                      batch_size, regenerate, max_new_tokens, val_prompts, draft_vocab_size, device):
+                      batch_size, regenerate, max_new_tokens, val_prompts, draft_vocab_size):
     """Dataset (cached in the work dir), target feature cache, and d2t (None at full vocab)."""
     from .attach import default_aux_layer_ids
     from .data import build_dataset
@@ -338,6 +337,7 @@ def _prepare_training(model, tokenizer, info, data, work: Path, stages: _Stages,
             max_new_tokens=max_new_tokens, gen_batch_size=max(8, batch_size), progress=progress))
     aux_ids = default_aux_layer_ids(model.config.num_hidden_layers)
     cache_key = hashlib.sha256(json.dumps([key, aux_ids, "bfloat16"]).encode()).hexdigest()[:32]
+    device = next(model.parameters()).device
     with stages.stage("cache", "Caching target features", spinner=False), training_matmul(device):
         cache = load_feature_cache(work / "cache", cache_key)
         if cache is None:
@@ -367,15 +367,11 @@ def _calibrate(stage: Path, tokenizer, prompts, stages: _Stages) -> dict:
 
 def _validate(stage: Path, tokenizer, prompts, training: dict, max_new_tokens: int, stages: _Stages) -> dict:
     """tau of the exported head on the held-out prompts; writes OUT/report.json and prints it."""
-    from .validate import fallback_prompt_ids, measure_acceptance, write_report
+    from .validate import checkpoint_report, write_report
 
-    source = "held-out"
-    if not prompts:
-        prompts, source = fallback_prompt_ids(tokenizer), "built-in"
-    with stages.stage("validate", f"Measuring acceptance length on {len(prompts)} {source} prompts"):
-        validation = measure_acceptance(stage / "target", stage / "draft", prompts, max_new_tokens=max_new_tokens)
-    validation["prompt_source"] = source
-    report = {"validation": validation, "training": training}
+    which = f"{len(prompts)} held-out" if prompts else "the built-in"
+    with stages.stage("validate", f"Measuring acceptance length on {which} prompts"):
+        report = checkpoint_report(stage, tokenizer, prompts, training, max_new_tokens)
     write_report(stage, report)
     if stages.console is not None:
         stages.console.print_json(json.dumps(report))

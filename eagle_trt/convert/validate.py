@@ -3,6 +3,7 @@
     from eagle_trt.convert.validate import measure_acceptance
     report = measure_acceptance("/tmp/ckpt/target", "/tmp/ckpt/draft", prompts)   # prompts: token id lists
     report["chain"]["acceptance_length"], report["dynamic"]["acceptance_length"]
+    checkpoint_report("/tmp/ckpt", tokenizer, prompts, training)   # report.json's content, as convert writes it
 
 Greedy (T=0) speculative decoding of each held-out prompt with a chain (draft_length 6) and with the
 EAGLE-2 dynamic tree (the runtime defaults); tau = tokens committed per target forward, so 1.0 means
@@ -61,6 +62,19 @@ def measure_acceptance(target_dir: str | Path, draft_dir: str | Path, prompts: l
             "seconds": round(time.perf_counter() - t0, 2),
         }
     return report
+
+
+def checkpoint_report(checkpoint: str | Path, tokenizer, prompts: list[list[int]], training: dict | None,
+                      max_new_tokens: int = 64) -> dict:
+    """What report.json holds for a converted checkpoint (target/ + draft/): tau on `prompts` (convert's held-out
+    prompts; the built-in ones when there are none) beside the training summary."""
+    source = "held-out"
+    if not prompts:
+        prompts, source = fallback_prompt_ids(tokenizer), "built-in"
+    checkpoint = Path(checkpoint)
+    validation = measure_acceptance(checkpoint / "target", checkpoint / "draft", prompts, max_new_tokens=max_new_tokens)
+    validation["prompt_source"] = source
+    return {"validation": validation, "training": training}
 
 
 def write_report(out_dir: str | Path, report: dict) -> Path:
