@@ -93,18 +93,23 @@ def test_fp64_attention_takes_its_mask_precomputed():
 
 
 @needs_bf16
-@pytest.mark.parametrize("attend", ["default", "onednn", "torch-ops", "float64"])
+@pytest.mark.parametrize("attend", ["default", "layer-loop", "onednn", "torch-ops", "float64"])
 def test_bf16_verify_forward_is_bit_identical_to_decoding(tiny_model_dir, attend, monkeypatch):
-    """The default is every compiled kernel where a C++ compiler exists (AMX projections where the CPU has AMX,
-    fused row ops, row-invariant attention). Each fallback must keep the property too: oneDNN projections, then
-    torch's row ops, then float64 attention (the engine without a compiler)."""
-    if attend != "default":
+    """The default is every compiled kernel where a C++ compiler exists (the decoder stack in one call, AMX
+    projections where the CPU has AMX, fused row ops, row-invariant attention). Each fallback must keep the property
+    too: the same kernels called layer by layer from Python, oneDNN projections, then torch's row ops, then float64
+    attention (the engine without a compiler)."""
+    if attend not in ("default", "layer-loop"):
         monkeypatch.setattr(native_gemm, "load", lambda: None)
+    if attend == "layer-loop":
+        monkeypatch.setenv("EAGLE_TRT_STACK", "0")
     target = LlamaTarget.load(tiny_model_dir, dtype=torch.bfloat16)
+    on_amx = attend == "default" and native_gemm.load() is not None
+    assert (target.stack is not None) == on_amx
     kernel = native_attention.load()
     assert target.attend is (kernel if kernel is not None else attention_fp64)
     assert (target.row_ops is not None) == (kernel is not None)
-    assert (target.layers[0].qkv.amx is not None) == (attend == "default" and native_gemm.load() is not None)
+    assert (target.layers[0].qkv.amx is not None) == (on_amx or (attend == "layer-loop" and native_gemm.load() is not None))
     if attend in ("torch-ops", "float64"):
         target.row_ops = None
     if attend == "float64":

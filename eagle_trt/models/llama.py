@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from eagle_trt.models import native_attention, native_ops
+from eagle_trt.models import native_attention, native_ops, native_stack
 from eagle_trt.models.gemm import Projection
 from eagle_trt.models.kv_cache import KVCache
 from eagle_trt.models.layers import Rope, additive_mask, attention, attention_fp64, rms_norm, swiglu_mlp
@@ -78,6 +78,11 @@ class LlamaTarget:
         self.aux_layer_ids: list[int] = []
         self.attend = pick_attention(dtype, embed.device, spec)
         self.row_ops = pick_row_ops(dtype, embed.device, spec)
+        self.stack, self._stack_weights = None, None
+        if self.row_ops is not None and isinstance(self.attend, native_attention.NativeAttention):
+            stack = native_stack.load()
+            if stack is not None and stack.supports(layers):
+                self.stack, self._stack_weights = stack, native_stack.StackWeights(layers, norm)
 
     # ---- loading -----------------------------------------------------------------------------
     @classmethod
@@ -221,10 +226,14 @@ class LlamaTarget:
         t = tokens.shape[0]
         start = cache.length
         mask = self._mask(t, start, tree_mask)
-        aux = []
-        want = set(self.aux_layer_ids) if need_aux else set()
         x = self.embed[tokens]  # [T, hidden], a fresh tensor: updated in place below
         cos, sin = self.rope.tables(positions)
+        if self.stack is not None:  # the same kernels in the same order, in one call (models/native_stack.py)
+            h, aux = self.stack(self._stack_weights, s, x, cos, sin, cache.k, cache.v, start, mask,
+                                self.aux_layer_ids if need_aux else [])
+            return (h if rows is None else h[rows]), aux
+        aux = []
+        want = set(self.aux_layer_ids) if need_aux else set()
         # One buffer per intermediate, reused by every layer: each is read before the next layer writes it.
         bf = torch.bfloat16
         h_buf, o_buf, d_buf = (torch.empty(t, s.hidden_size, dtype=bf) for _ in range(3))

@@ -1,0 +1,74 @@
+"""The decoder stack in one compiled call (models/native_stack.py): the same bits as the layer loop it replaces."""
+
+import pytest
+import torch
+
+from eagle_trt.models import native_stack
+from eagle_trt.models.llama import LlamaTarget
+
+BF = torch.bfloat16
+
+
+def _target(tiny_model_dir):
+    target = LlamaTarget.load(tiny_model_dir, dtype=BF)
+    if target.stack is None:
+        pytest.skip("no AMX projections or no C++ compiler here: the layer loop serves every bf16 forward")
+    return target
+
+
+def _forward(target, use_stack, ids, positions, prefix, tree_mask, need_aux):
+    stack = target.stack
+    if not use_stack:
+        target.stack = None
+    try:
+        cache = target.new_cache(64)
+        target.forward(prefix, torch.arange(prefix.numel()), cache)
+        cache.length = prefix.numel()
+        logits, aux = target.forward(ids, positions, cache, tree_mask, need_aux=need_aux)
+        return logits, aux, cache.k.clone(), cache.v.clone()
+    finally:
+        target.stack = stack
+
+
+@pytest.mark.parametrize("rows", [1, 5, 17, 40])
+@pytest.mark.parametrize("aux", [[], [0], [1, 0], [0, 1]])
+def test_stack_equals_the_layer_loop_bit_for_bit(tiny_model_dir, rows, aux):
+    """Logits, EAGLE-3 features (any aux order, the last layer included) and every cache entry, under a tree mask."""
+    target = _target(tiny_model_dir)
+    target.aux_layer_ids = aux
+    g = torch.Generator().manual_seed(rows)
+    prefix = torch.randint(0, target.spec.vocab_size, (9,), generator=g)
+    ids = torch.randint(0, target.spec.vocab_size, (rows,), generator=g)
+    parents = [-1] + [int(torch.randint(0, i, (), generator=g)) for i in range(1, rows)]
+    mask = torch.eye(rows, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            mask[i] |= mask[p]
+    depth = mask.sum(1) - 1
+    outs = [_forward(target, s, ids, 9 + depth, prefix, mask if rows > 1 else None, bool(aux)) for s in (True, False)]
+    for a, b in zip(*outs):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert torch.equal(a, b)
+    if aux:  # the features are the listed layers' outputs, in layer order
+        assert outs[0][1].shape == (rows, len(aux) * target.spec.hidden_size)
+
+
+def test_stack_turns_off(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("EAGLE_TRT_STACK", "0")
+    assert native_stack.load() is None
+    assert LlamaTarget.load(tiny_model_dir, dtype=BF).stack is None
+
+
+def test_stack_checks_its_input(tiny_model_dir):
+    target = _target(tiny_model_dir)
+    cache = target.new_cache(4)
+    cos, sin = target.rope.tables(torch.arange(2))
+    x = target.embed[torch.tensor([1, 2])]
+    with pytest.raises(RuntimeError, match="KV cache full: need 5 slots, capacity 4"):
+        target.stack(target._stack_weights, target.spec, x, cos, sin, cache.k, cache.v, 3, None, [])
+    with pytest.raises(ValueError, match=r"mask must be bool \[2, 2\]"):
+        target.stack(target._stack_weights, target.spec, x, cos, sin, cache.k, cache.v, 0,
+                     torch.ones(2, 3, dtype=torch.bool), [])
+    with pytest.raises(TypeError, match="contiguous bf16 input"):
+        target.stack(target._stack_weights, target.spec, x.float(), cos, sin, cache.k, cache.v, 0, None, [])
