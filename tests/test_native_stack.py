@@ -72,3 +72,31 @@ def test_stack_checks_its_input(tiny_model_dir):
                      torch.ones(2, 3, dtype=torch.bool), [])
     with pytest.raises(TypeError, match="contiguous bf16 input"):
         target.stack(target._stack_weights, target.spec, x.float(), cos, sin, cache.k, cache.v, 0, None, [])
+
+
+@pytest.mark.parametrize("last_only", [False, True])
+def test_draft_layer_matches_the_head_s_operators(tiny_model_dir, tiny_head_dir, last_only):
+    """The head in one compiled call: the operator path's values up to bf16 rounding (its attention is the compiled
+    kernel, not torch's), the same K/V written, the caller's features untouched."""
+    from eagle_trt.models.draft_head import Eagle3DraftHead
+
+    target = _target(tiny_model_dir)
+    head = Eagle3DraftHead.load(tiny_head_dir, target, BF)
+    assert head.layer is not None
+    g = torch.Generator().manual_seed(1)
+    feats = torch.randn(7, target.spec.hidden_size, generator=g).to(BF)
+    ids = torch.randint(0, target.spec.vocab_size, (7,), generator=g)
+    mask = torch.ones(4, 7, dtype=torch.bool).tril_(diagonal=3)
+    mask[3, 4] = False  # a tree row that does not see a sibling
+    outs = []
+    for layer in (head.layer, None):
+        head.layer = layer
+        cache = head.new_cache(16)
+        head.forward(feats[:3], ids[:3], torch.arange(3), cache, 0)
+        before = feats.clone()
+        logits, out = head.forward(feats[3:], ids[3:], torch.tensor([3, 4, 4, 5]), cache, 3, mask, last_only)
+        assert torch.equal(feats, before)
+        outs.append((logits, out, cache.k[:, :, :7].clone(), cache.v[:, :, :7].clone()))
+    assert outs[0][0].shape == ((1 if last_only else 4), head.lm_head.w.shape[1])
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a.float(), b.float(), atol=0.05, rtol=0.02)

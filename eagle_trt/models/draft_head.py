@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from eagle_trt.errors import CheckpointError
+from eagle_trt.models import native_draft
 from eagle_trt.models.gemm import Projection
 from eagle_trt.models.kv_cache import KVCache
 from eagle_trt.models.layers import Rope, attention, rms_norm, swiglu_mlp
@@ -81,6 +82,10 @@ class Eagle3DraftHead:
         ops = getattr(target, "row_ops", None)
         self.row_ops = ops if ops is not None and dtype == torch.bfloat16 and ops.supports(
             s.num_heads, s.num_kv_heads, hd, False) else None
+        # With them, the whole layer in one compiled call where every projection is on the AMX kernel.
+        layer = native_draft.load() if self.row_ops is not None else None
+        self.layer = layer if layer is not None and layer.supports(self) else None
+        self._layer_weights = native_draft.DraftWeights(self) if self.layer is not None else None
 
     @classmethod
     def load(cls, draft_dir: str | Path, target, dtype: torch.dtype = torch.float32) -> "Eagle3DraftHead":
@@ -145,6 +150,10 @@ class Eagle3DraftHead:
         invariance; this is for speed."""
         s, ops, eps = self.spec, self.row_ops, self.spec.rms_norm_eps
         hidden = hidden.contiguous()
+        if self.layer is not None:  # the same steps in one call (models/native_draft.py)
+            cos, sin = self.rope.tables(positions)
+            return self.layer(self._layer_weights, s, hidden, self.embed[tokens], self.hidden_prenorm, cos, sin,
+                              cache.k[0], cache.v[0], start, mask, last_only)
         h_in = ops.add_rms_norm(hidden, None, self.input_norm, eps) if self.hidden_prenorm else hidden
         x = torch.cat([ops.add_rms_norm(self.embed[tokens], None, self.input_norm, eps),
                        ops.add_rms_norm(h_in, None, self.hidden_norm, eps)], -1)

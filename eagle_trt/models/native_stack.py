@@ -68,11 +68,7 @@ class DecoderStack:
         if start + t > k_cache.shape[2]:
             raise RuntimeError(f"KV cache full: need {start + t} slots, capacity {k_cache.shape[2]}")
         cos, sin = cos.contiguous(), sin.contiguous()
-        m = None
-        if mask is not None:
-            if mask.shape != (t, start + t) or mask.dtype != torch.bool:
-                raise ValueError(f"mask must be bool [{t}, {start + t}], got {mask.dtype} {tuple(mask.shape)}")
-            m = mask.contiguous().view(torch.uint8)
+        m = byte_mask(mask, t, start + t)
         aux_ids = sorted(set(aux_layers))
         aux = torch.empty(t, len(aux_ids) * hidden, dtype=BF16) if aux_ids else None
         ids = torch.tensor(aux_ids or [0], dtype=torch.int64)
@@ -87,6 +83,15 @@ class DecoderStack:
         if rc != 0:
             raise RuntimeError(f"native decoder stack failed (code {rc}) for {t} rows after {start} cached")
         return h, aux
+
+
+def byte_mask(mask: torch.Tensor | None, rows: int, keys: int) -> torch.Tensor | None:
+    """A bool [rows, keys] visibility mask as the bytes the kernels read (a view), or None for none."""
+    if mask is None:
+        return None
+    if mask.shape != (rows, keys) or mask.dtype != torch.bool:
+        raise ValueError(f"mask must be bool [{rows}, {keys}], got {mask.dtype} {tuple(mask.shape)}")
+    return mask.contiguous().view(torch.uint8)
 
 
 def enabled() -> bool:

@@ -42,7 +42,7 @@ namespace {
 using namespace eagle_trt;
 
 // Query rows per task: their G query vectors each share one pass over the head's keys.
-constexpr int kRows = 2;
+constexpr int kRows = 3;
 
 struct Layout {
     int H, Hkv, G, S, Sp, D, Dp;
@@ -308,9 +308,14 @@ void finish_row(const Layout& L, int t, int hk, const float* raw, const float* v
                 int bf16, Scratch& w) {
     const int D = L.D, Dp = L.Dp, S = L.S, Sp = L.Sp, G = L.G;
     const uint8_t* visible = mask ? mask + (int64_t)t * S : nullptr;
-    int n = 0;
-    for (int j = 0; j < S; ++j)
-        if (!visible || visible[j]) w.idx[n++] = j;
+    // The list starts with the run of visible slots from 0 (the committed prefix: every slot for one row), listed
+    // without a test per slot; the rest (the row's ancestors in a tree) one by one.
+    const void* first_hidden = visible ? std::memchr(visible, 0, S) : nullptr;
+    const int run = first_hidden ? static_cast<int>(static_cast<const uint8_t*>(first_hidden) - visible) : S;
+    for (int j = 0; j < run; ++j) w.idx[j] = j;
+    int n = run;
+    for (int j = run + 1; j < S; ++j)
+        if (visible[j]) w.idx[n++] = j;
     float sums[64];
     const int64_t o = (int64_t)t * L.H * D + (int64_t)hk * G * D;  // first output element of this task
     if (n == 0) {  // no visible key: zeros (a forward never asks this: a row always sees itself)
@@ -325,7 +330,8 @@ void finish_row(const Layout& L, int t, int hk, const float* raw, const float* v
     for (int g = 0; g < G; ++g) {
         float* s = w.scores + g * Sp;
         const float* rg = raw + (int64_t)g * Sp;
-        for (int i = 0; i < n; ++i) s[i] = rg[w.idx[i]];
+        std::memcpy(s, rg, sizeof(float) * run);
+        for (int i = run; i < n; ++i) s[i] = rg[w.idx[i]];
         // Softmax weights over the visible keys, unnormalised: exp(score - max).
         const float m = max_of(s, n);
         vf total = vf{};
