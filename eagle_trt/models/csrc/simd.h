@@ -73,6 +73,18 @@ inline vf vfma(vf a, vf b, vf c) {
 
 inline vf vfma(vf a, float b, vf c) { return vfma(a, vf{} + b, c); }
 
+// b on every lane, loaded straight from memory: the same lanes as vf{} + b for any b but -0.0 (which the sum turns
+// into +0.0). For non-negative weights, as the attention's softmax weights are, it is the same vector without the add.
+inline vf vsplat(const float* b) {
+#if defined(__AVX512F__)
+    return reinterpret_cast<vf>(_mm512_set1_ps(*b));
+#elif defined(__AVX__)
+    return reinterpret_cast<vf>(_mm256_set1_ps(*b));
+#else
+    return vf{} + *b;
+#endif
+}
+
 // exp(x) for x <= 0 (scores minus their max): range reduction by ln 2 and a degree-6 polynomial, about 1e-7
 // relative error. Inputs below -87 give exp(-87) (~1.6e-38), which adds nothing visible to a sum that holds 1.
 inline vf vexp(vf x) {
@@ -111,6 +123,20 @@ inline vf vload_bf16(const uint16_t* p) {
 }
 
 // Converts n elements (fp32 or bf16) to fp32.
+// to_bf16 on every lane: round to nearest even, NaN to the quiet NaN.
+inline vu32 vround_bits(vf f) {
+    vu32 u;
+    std::memcpy(&u, &f, sizeof u);
+    const vu32 nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const vu32 r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return nan ? vu32{} + 0x7fc0u : r;
+}
+
+inline void vstore_bf16(uint16_t* p, vf f) {
+    const vu16 h = __builtin_convertvector(vround_bits(f), vu16);
+    std::memcpy(p, &h, sizeof h);
+}
+
 inline void to_float(const void* base, int64_t offset, int bf16, int n, float* dst) {
     if (!bf16) {
         std::memcpy(dst, static_cast<const float*>(base) + offset, sizeof(float) * n);

@@ -105,7 +105,7 @@ struct Scratch {
     }
 };
 
-// acc[d] = sum over i of p[i] * v[idx[i]][d]: even i and odd i summed apart, in order, then added (two chains
+// acc[d] = sum over i of p[i] * v[idx[i]][d] (p >= 0, splat from memory: simd.h, vsplat): even i and odd i summed apart, in order, then added (two chains
 // in flight per lane; the order depends on i and n only). C vectors per row, kept in registers.
 template <int C>
 inline void weighted_sum(const float* v, const int* idx, const float* p, int n, int Dp, float* acc) {
@@ -115,7 +115,7 @@ inline void weighted_sum(const float* v, const int* idx, const float* p, int n, 
     for (; i + 1 < n; i += 2) {
         const float* r0 = v + (int64_t)idx[i] * Dp;
         const float* r1 = v + (int64_t)idx[i + 1] * Dp;
-        const float p0 = p[i], p1 = p[i + 1];
+        const vf p0 = vsplat(p + i), p1 = vsplat(p + i + 1);
         for (int c = 0; c < C; ++c) {
             a[c] = vfma(vload(r0 + c * kLanes), p0, a[c]);
             b[c] = vfma(vload(r1 + c * kLanes), p1, b[c]);
@@ -123,7 +123,8 @@ inline void weighted_sum(const float* v, const int* idx, const float* p, int n, 
     }
     if (i < n) {
         const float* r0 = v + (int64_t)idx[i] * Dp;
-        for (int c = 0; c < C; ++c) a[c] = vfma(vload(r0 + c * kLanes), p[i], a[c]);
+        const vf pi = vsplat(p + i);
+        for (int c = 0; c < C; ++c) a[c] = vfma(vload(r0 + c * kLanes), pi, a[c]);
     }
     for (int c = 0; c < C; ++c) vstore(acc + c * kLanes, a[c] + b[c]);
 }
@@ -140,7 +141,7 @@ inline void weighted_sum_heads(const float* v, const int* idx, const float* p, i
         vf r[C];
         for (int c = 0; c < C; ++c) r[c] = vload(row + c * kLanes);
         for (int g = 0; g < GB; ++g) {
-            const float pi = p[g * Sp + i];
+            const vf pi = vsplat(p + g * Sp + i);
             for (int c = 0; c < C; ++c) a[g][c] = vfma(r[c], pi, a[g][c]);
         }
     }
@@ -164,7 +165,8 @@ inline void weighted_sum_any(const float* v, const int* idx, const float* p, int
     std::memset(acc, 0, sizeof(float) * Dp);
     for (int i = 0; i < n; ++i) {
         const float* row = v + (int64_t)idx[i] * Dp;
-        for (int c = 0; c < Dp; c += kLanes) vstore(acc + c, vfma(vload(row + c), p[i], vload(acc + c)));
+        const vf pi = vsplat(p + i);
+        for (int c = 0; c < Dp; c += kLanes) vstore(acc + c, vfma(vload(row + c), pi, vload(acc + c)));
     }
 }
 
@@ -292,7 +294,13 @@ void score_block_amx(const uint16_t* qb, int nq, int Dq, const uint16_t* kp_head
 // out[o + g * D + d] = acc[g][d] / sums[g], as fp32 or rounded to bfloat16 (nearest, ties to even).
 inline void store_rows(const float* acc, const float* sums, int G, int D, int Dp, void* out, int64_t o, int bf16) {
     for (int g = 0; g < G; ++g) {
-        for (int d = 0; d < D; ++d) {
+        int d0 = 0;
+        if (bf16) {  // whole vectors: the same division and rounding on every lane
+            const vf sum = vf{} + sums[g];
+            uint16_t* dst = static_cast<uint16_t*>(out) + o + g * D;
+            for (; d0 + kLanes <= D; d0 += kLanes) vstore_bf16(dst + d0, vload(acc + g * Dp + d0) / sum);
+        }
+        for (int d = d0; d < D; ++d) {
             const float x = acc[g * Dp + d] / sums[g];
             if (!bf16) {
                 static_cast<float*>(out)[o + g * D + d] = x;
@@ -368,14 +376,7 @@ void finish_row(const Layout& L, int t, int hk, const float* raw, const float* v
 // Rows [t0, t1) (at most kRows) of KV head hk.
 void one_task(const Layout& L, int t0, int t1, int hk, const void* q, int64_t q_sh, int64_t q_sr, const float* kt,
               const uint16_t* kp, const float* vv, const uint8_t* mask, void* out, float scale, int bf16, Scratch& w) {
-    const int G = L.G, Dp = L.Dp;
-    int nq = 0;
-    for (int t = t0; t < t1; ++t)
-        for (int g = 0; g < G; ++g, ++nq) {
-            float* qv = w.q + nq * Dp;
-            to_float(q, (int64_t)(hk * G + g) * q_sh + (int64_t)t * q_sr, bf16, L.D, qv);
-            for (int d = L.D; d < Dp; ++d) qv[d] = 0.0f;
-        }
+    const int G = L.G, Dp = L.Dp, nq = (t1 - t0) * G;
 #ifdef EAGLE_TRT_AMX
     if (kp) {
         const int Dq = (L.D + 31) / 32 * 32;
@@ -391,7 +392,16 @@ void one_task(const Layout& L, int t0, int t1, int hk, const void* q, int64_t q_
         score_block_amx(w.qb, nq, Dq, kp + hk * per_head, L.Sp, scale, w.raw);
     } else
 #endif
-    score_block(w.q, nq, kt + (int64_t)hk * L.D * L.Sp, L.D, Dp, L.Sp, scale, w.raw);
+    {
+        int v = 0;
+        for (int t = t0; t < t1; ++t)
+            for (int g = 0; g < G; ++g, ++v) {
+                float* qv = w.q + v * Dp;
+                to_float(q, (int64_t)(hk * G + g) * q_sh + (int64_t)t * q_sr, bf16, L.D, qv);
+                for (int d = L.D; d < Dp; ++d) qv[d] = 0.0f;
+            }
+        score_block(w.q, nq, kt + (int64_t)hk * L.D * L.Sp, L.D, Dp, L.Sp, scale, w.raw);
+    }
     for (int t = t0; t < t1; ++t) finish_row(L, t, hk, w.raw + (int64_t)(t - t0) * G * L.Sp, vv, mask, out, bf16, w);
 }
 
