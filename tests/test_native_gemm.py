@@ -94,3 +94,37 @@ def test_writes_into_a_given_buffer_of_its_shape():
     assert got.data_ptr() == buf.data_ptr() and torch.equal(got, amx(x, packed, 96))
     with pytest.raises(ValueError, match=r"out must be .* shape \[5, 96\], got torch.bfloat16 \[4, 96\]"):
         amx(x, packed, 96, torch.empty(4, 96, dtype=torch.bfloat16))
+
+
+@needs_amx
+@pytest.mark.parametrize("k,n", [(32, 16), (576, 960), (64, 40), (96, 1000)])
+@pytest.mark.parametrize("m", [1, 5, 16, 17, 33])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_fused_argmax_is_the_argmax_of_the_stored_product(k, n, m, threads):
+    """The greedy step's LM head: the argmax of what the kernel would store, at any row and thread count."""
+    w, x = _w_x(k, n, m, seed=k + n + m)
+    packed = amx.pack(w)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert torch.equal(amx.argmax(x, packed, n), amx(x, packed, n).argmax(dim=-1))
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_amx
+def test_fused_argmax_breaks_ties_and_reads_nan_as_torch_does():
+    w, x = _w_x(64, 200, 4, seed=3)
+    w[:, 150] = w[:, 7]  # an exact tie across the threads' column ranges: the first column wins
+    w[:, 8] = w[:, 7]
+    x[1] = 0  # a row of zeros: every logit ties at 0
+    packed = amx.pack(w)
+    want = amx(x, packed, 200)
+    got = amx.argmax(x, packed, 200)
+    assert torch.equal(got, want.argmax(dim=-1)) and int(got[1]) == 0
+    w[3, 120] = float("nan")  # NaN logits in every row with a nonzero x[:, 3]
+    w[3, 180] = float("nan")
+    packed = amx.pack(w)
+    assert torch.equal(amx.argmax(x, packed, 200), amx(x, packed, 200).argmax(dim=-1))
+    p = Projection(w)
+    assert torch.equal(p.argmax(x), p(x).argmax(dim=-1))

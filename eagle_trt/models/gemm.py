@@ -85,6 +85,13 @@ class Projection:
             return torch.cat([self._packed(c) for c in x.split(INVARIANT_ROWS)])
         return self._packed(x)
 
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """torch.argmax(self(x), dim=-1), from the AMX kernel without writing the product where it serves this
+        weight, else from the product."""
+        if self.amx is not None and x.dim() == 2 and x.dtype == torch.bfloat16:
+            return self.amx_kernel.argmax(x, self.amx, self.w.shape[1])
+        return self(x).argmax(dim=-1)
+
     def _packed(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 

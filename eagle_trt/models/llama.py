@@ -18,6 +18,7 @@ import torch
 
 from eagle_trt.models import native_attention, native_ops, native_stack
 from eagle_trt.models.gemm import Projection
+from eagle_trt.models.native_gemm import ARGMAX_ROWS
 from eagle_trt.models.kv_cache import KVCache
 from eagle_trt.models.layers import Rope, additive_mask, attention, attention_fp64, rms_norm, swiglu_mlp
 from eagle_trt.models.spec import TargetSpec
@@ -155,6 +156,14 @@ class LlamaTarget:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden [R, H] -> logits [R, V]. Split out so a verify pass can skip rows it never reads."""
         return self.lm_head(hidden)
+
+    def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden [R, H] -> the greedy token of each row [R]: `argmax(logits(hidden))`, with the LM
+        head and the argmax fused where the AMX kernel holds the LM head (the logits are never written). Up to 16
+        rows: the fused kernel takes 16 a pass over the weight, the plain one 32."""
+        if self.lm_head.amx is not None and hidden.dtype == torch.bfloat16 and hidden.shape[0] <= ARGMAX_ROWS:
+            return self.lm_head.argmax(hidden)
+        return self.argmax(self.logits(hidden))
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [R, V] -> the greedy token of each row [R] (torch.argmax's answer; bf16 rows in the row-ops

@@ -15,6 +15,9 @@ import torch
 from eagle_trt.models import native
 
 
+ARGMAX_ROWS = 16  # rows one pass of the fused argmax takes (csrc/gemm_amx.cpp)
+
+
 def packed_size(k: int, n: int) -> int:
     """Elements of the packed [k, n] weight: columns padded to the kernel's 32-column groups (csrc/gemm_amx.cpp)."""
     return (n + 31) // 32 * 32 * k
@@ -27,6 +30,8 @@ class AmxGemm:
         self._pack.argtypes, self._pack.restype = [ptr, ptr, i64, i64], i32
         self._gemm = lib.eagle_trt_amx_gemm
         self._gemm.argtypes, self._gemm.restype = [ptr, ptr, ptr, i64, i64, i64, i32], i32
+        self._argmax = lib.eagle_trt_amx_gemm_argmax
+        self._argmax.argtypes, self._argmax.restype = [ptr, ptr, ptr, i64, i64, i64, i32], i32
 
     @staticmethod
     def supports(w: torch.Tensor) -> bool:
@@ -61,6 +66,25 @@ class AmxGemm:
         rc = self._gemm(x.data_ptr(), packed.data_ptr(), out.data_ptr(), m, k, out_features, torch.get_num_threads())
         if rc != 0:
             raise RuntimeError(f"AMX projection failed (code {rc}) for x {list(x.shape)}, {out_features} outputs")
+        return out
+
+
+    def argmax(self, x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+        """x [M, in] bf16 -> [M] int64: torch.argmax of each row of `self(x, packed, out_features)`, without
+        writing those rows (a greedy step reads nothing else of the LM head's logits). Any M: 16 rows a pass."""
+        if x.dtype != torch.bfloat16 or x.dim() != 2:
+            raise TypeError(f"AMX projections take a 2-D bf16 input, got {x.dtype} {list(x.shape)}")
+        x = x.contiguous()
+        m, k = x.shape
+        if packed.numel() != packed_size(k, out_features):
+            raise ValueError(f"input has {k} features; the packed weight is for another shape")
+        out = torch.empty(m, dtype=torch.int64)
+        for r in range(0, m, ARGMAX_ROWS):
+            rows = min(ARGMAX_ROWS, m - r)
+            rc = self._argmax(x[r].data_ptr(), packed.data_ptr(), out[r].data_ptr(), rows, k, out_features,
+                              torch.get_num_threads())
+            if rc != 0:
+                raise RuntimeError(f"AMX argmax failed (code {rc}) for x {list(x.shape)}, {out_features} outputs")
         return out
 
 

@@ -140,19 +140,27 @@ class Runner:
             return int(self.target.argmax(logits.view(1, -1))[0])
         return sample(processed_probs(logits, self._params), self._gen)
 
+    def _next_after(self, ids: torch.Tensor, positions: torch.Tensor, need_aux: bool) -> tuple[int, torch.Tensor | None]:
+        """One target forward over ids; the token after the last one (greedy: the LM head's argmax, fused where the
+        target has that kernel) and the features, if asked."""
+        last = torch.tensor([ids.numel() - 1])
+        if self._params.greedy:
+            hidden, aux = self.target.hidden_states(ids, positions, self.cache, need_aux=need_aux, rows=last)
+            return int(self.target.greedy(hidden)[0]), aux
+        logits, aux = self.target.forward(ids, positions, self.cache, need_aux=need_aux, logits_rows=last)
+        return self._pick(logits[-1]), aux
+
     def _prefill(self, ids: torch.Tensor, need_aux: bool) -> tuple[int, torch.Tensor | None]:
         self.cache.length = 0
-        p = ids.numel()
-        logits, aux = self.target.forward(ids, torch.arange(p), self.cache, need_aux=need_aux,
-                                          logits_rows=torch.tensor([p - 1]))
-        self.cache.length = p
-        return self._pick(logits[-1]), aux
+        tok, aux = self._next_after(ids, torch.arange(ids.numel()), need_aux)
+        self.cache.length = ids.numel()
+        return tok, aux
 
     def _plain_step(self, tok: int, need_aux: bool) -> tuple[int, torch.Tensor | None]:
         n = self.cache.length
-        logits, aux = self.target.forward(torch.tensor([tok]), torch.tensor([n]), self.cache, need_aux=need_aux)
+        nxt, aux = self._next_after(torch.tensor([tok]), torch.tensor([n]), need_aux)
         self.cache.length = n + 1
-        return self._pick(logits[0]), aux
+        return nxt, aux
 
     def _generate_ar(self, prompt_ids, emit, metrics) -> None:
         t = time.perf_counter()
@@ -231,7 +239,7 @@ class Runner:
                 target_next = self._greedy_next(tree, hidden)
                 path, bonus = verify_greedy(tree, target_next)
                 if bonus < 0:
-                    bonus = int(self.target.argmax(self.target.logits(hidden[path[-1:]]))[0])
+                    bonus = int(self.target.greedy(hidden[path[-1:]])[0])
             else:
                 logits = self.target.logits(hidden)
                 outcome = verify_sampling(tree, processed_probs(logits, self._params) if not self._params.greedy
@@ -263,10 +271,10 @@ class Runner:
         then needs no second pass). A larger one gets logits only where a child is checked (the root and inner
         nodes), and a leaf's only when the accepted path ends there."""
         if tree.tokens.numel() <= INVARIANT_ROWS:
-            return self.target.argmax(self.target.logits(hidden))
+            return self.target.greedy(hidden)
         inner = torch.unique(torch.cat([tree.parents[1:], torch.zeros(1, dtype=torch.long)]))
         target_next = torch.full_like(tree.tokens, -1)
-        target_next[inner] = self.target.argmax(self.target.logits(hidden[inner]))
+        target_next[inner] = self.target.greedy(hidden[inner])
         return target_next
 
     def _check_prompt(self, prompt_ids: list[int], opts: DecodeOptions) -> None:

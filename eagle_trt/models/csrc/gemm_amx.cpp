@@ -19,6 +19,10 @@
 
 #include "amx.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 namespace {
 
 constexpr int kGroupCols = 32;  // output columns per group: two 16-column result tiles
@@ -99,6 +103,58 @@ void group_rows(const uint16_t* x, int64_t K, int m0, int m1, const uint16_t* wg
         }
     }
 }
+
+// Running argmax of rows as torch.argmax reads them from the stored bf16 output: the first largest value, NaN
+// counting as the largest (its first index).
+struct RowBest {
+    float value = 0.0f;
+    int64_t index = -1;  // -1: nothing seen yet
+    int64_t nan = -1;    // first NaN column, -1: none
+};
+
+// Rows m of the result tile c (16 columns from col, n valid), rounded to bf16 exactly as store_rows does.
+void best_rows(const float* c, int m, int64_t col, int n, RowBest* best) {
+    const __mmask16 valid = n >= 16 ? 0xffff : static_cast<__mmask16>((1u << n) - 1);
+    for (int r = 0; r < m; ++r) {
+        const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(c + r * 16)));
+        const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+        RowBest& b = best[r];
+        const __mmask16 nan = _mm512_mask_cmp_ps_mask(valid, v, v, _CMP_UNORD_Q);
+        if (nan && b.nan < 0) b.nan = col + __builtin_ctz(nan);
+        const float top = _mm512_mask_reduce_max_ps(valid & ~nan, v);
+        if (b.index < 0 || top > b.value) {
+            const __mmask16 at = _mm512_mask_cmp_ps_mask(valid & ~nan, v, _mm512_set1_ps(top), _CMP_EQ_OQ);
+            if (at) {
+                b.value = top;
+                b.index = col + __builtin_ctz(at);
+            }
+        }
+    }
+}
+
+// group_rows' products for up to 16 rows, into the rows' running argmax instead of the output.
+void group_best(const uint16_t* x, int64_t K, int m, const uint16_t* wg, int64_t N, int64_t col, RowBest* best) {
+    const int64_t blocks = K / kBlockK, lda = K * static_cast<int64_t>(sizeof(uint16_t));
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t kb = 0; kb < blocks; ++kb) {
+        const uint16_t* b = wg + kb * kPanel;
+        _tile_loadd(6, b, 64);
+        _tile_loadd(7, b + kPanel / 2, 64);
+        _tile_loadd(4, x + kb * kBlockK, lda);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+    }
+    alignas(64) float c[16 * 16];
+    const int n0 = N - col >= 16 ? 16 : static_cast<int>(N - col);
+    const int n1 = N - col - 16 >= 16 ? 16 : static_cast<int>(N - col - 16);
+    _tile_stored(0, c, 64);
+    best_rows(c, m, col, n0, best);
+    if (n1 > 0) {
+        _tile_stored(1, c, 64);
+        best_rows(c, m, col + 16, n1, best);
+    }
+}
 #endif
 
 }  // namespace
@@ -163,6 +219,51 @@ int eagle_trt_amx_gemm(const uint16_t* x, const uint16_t* packed, uint16_t* out,
             }
         }
         _tile_loadconfig(&saved);  // an all-zero saved state (nothing configured) releases the tiles
+    }
+    return 0;
+#else
+    (void)x, (void)packed, (void)out, (void)M, (void)K, (void)N, (void)threads;
+    return -3;
+#endif
+}
+
+// out[r] = argmax over the columns of (x @ W)[r] as eagle_trt_amx_gemm would store it in bf16 (torch.argmax's
+// answer on that output), without writing the [M, N] result: for a greedy step, which reads only the argmax of the
+// LM head's logits. M <= 16. Threads take contiguous column ranges and merge in column order. Returns 0; -2 for a
+// shape it does not take; -3 without the AMX kernel.
+int eagle_trt_amx_gemm_argmax(const uint16_t* x, const uint16_t* packed, int64_t* out, int64_t M, int64_t K, int64_t N,
+                              int threads) {
+#ifdef EAGLE_TRT_AMX
+    if (K <= 0 || K % kBlockK || N <= 0 || M <= 0 || M > 16) return -2;
+    const int64_t groups = (N + kGroupCols - 1) / kGroupCols, blocks = K / kBlockK;
+    const int nthreads = threads > 0 ? (threads < 64 ? threads : 64) : 1;
+    RowBest best[64][16];
+    int used = 1;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1 && groups > 1)
+    {
+        TileConfig saved;
+        _tile_storeconfig(&saved);
+        configure(static_cast<int>(M), 0);
+#ifdef _OPENMP
+        const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+        const int tid = 0, nt = 1;
+#endif
+        if (tid == 0) used = nt;
+        // Contiguous column ranges in thread order, so merging thread by thread keeps the column order.
+        const int64_t per = (groups + nt - 1) / nt, g0 = tid * per, g1 = g0 + per < groups ? g0 + per : groups;
+        for (int64_t g = g0; g < g1; ++g)
+            group_best(x, K, static_cast<int>(M), packed + g * blocks * kPanel, N, g * kGroupCols, best[tid]);
+        _tile_loadconfig(&saved);
+    }
+    for (int64_t r = 0; r < M; ++r) {
+        RowBest all;
+        for (int t = 0; t < used; ++t) {
+            const RowBest& b = best[t][r];
+            if (b.nan >= 0 && all.nan < 0) all.nan = b.nan;
+            if (b.index >= 0 && (all.index < 0 || b.value > all.value)) all = RowBest{b.value, b.index, all.nan};
+        }
+        out[r] = all.nan >= 0 ? all.nan : (all.index >= 0 ? all.index : 0);
     }
     return 0;
 #else
