@@ -21,8 +21,8 @@ def _w_x(k, n, m, seed=0):
 
 
 @needs_amx
-@pytest.mark.parametrize("k,n", [(32, 16), (576, 960), (1536, 576), (64, 40), (96, 1000)])
-@pytest.mark.parametrize("m", [1, 5, 16, 17, 32, 33, 70])
+@pytest.mark.parametrize("k,n", [(32, 16), (576, 960), (1536, 576), (64, 40), (64, 80), (96, 1000)])
+@pytest.mark.parametrize("m", [1, 5, 8, 12, 16, 17, 32, 33, 70])
 def test_matches_matmul(k, n, m):
     w, x = _w_x(k, n, m, seed=k + n + m)
     got = amx(x, amx.pack(w), n)
@@ -31,11 +31,13 @@ def test_matches_matmul(k, n, m):
 
 
 @needs_amx
-def test_each_row_equals_that_row_alone_at_any_thread_count():
-    w, x = _w_x(576, 3072 + 32 + 8, 70)  # a last column group partly filled
+@pytest.mark.parametrize("n", [3072 + 32 + 8, 3072 + 8])  # a last column group partly filled; groups even, odd
+def test_each_row_equals_that_row_alone_at_any_thread_count(n):
+    """8 to 16 rows take two column groups at a time, other counts one: every row the same bits either way."""
+    w, x = _w_x(576, n, 70)
     packed = amx.pack(w)
     full = amx(x, packed, w.shape[1])
-    for m in (1, 7, 16, 17, 31, 32, 33, 64, 70):
+    for m in (1, 7, 8, 12, 15, 16, 17, 31, 32, 33, 64, 70):
         part = amx(x[:m], packed, w.shape[1])
         assert torch.equal(part, full[:m]), m
     for i in (0, 15, 16, 31, 32, 69):
