@@ -100,3 +100,24 @@ def test_draft_layer_matches_the_head_s_operators(tiny_model_dir, tiny_head_dir,
     assert outs[0][0].shape == ((1 if last_only else 4), head.lm_head.w.shape[1])
     for a, b in zip(*outs):
         torch.testing.assert_close(a.float(), b.float(), atol=0.05, rtol=0.02)
+
+
+def test_top_logp_is_torch_s_log_softmax_top_k(tiny_model_dir, tiny_head_dir):
+    """Drafting's top-k in one compiled pass: torch's ids and, to float rounding, its log-probs; ties to the earlier
+    id; k above the vocabulary gives the whole row."""
+    from eagle_trt.models.draft_head import Eagle3DraftHead
+
+    head = Eagle3DraftHead.load(tiny_head_dir, _target(tiny_model_dir), BF)
+    g = torch.Generator().manual_seed(5)
+    # Distinct integers (exact in bf16), so torch's order is defined; then a planted tie.
+    logits = torch.stack([torch.randperm(250, generator=g) - 125 for _ in range(4)]).to(BF) / 16
+    logits[2, 200] = logits[2, 30] = logits[2].max() + 1  # a tie for the top: 30 first
+    for k in (1, 2, 8):
+        vals, idx = head.top_logp(logits, k)
+        want_vals, want_idx = torch.log_softmax(logits.float(), -1).topk(k, dim=-1)
+        torch.testing.assert_close(vals, want_vals, atol=1e-5, rtol=1e-5)
+        assert torch.equal(idx[[0, 1, 3]], want_idx[[0, 1, 3]])
+        assert int(idx[2, 0]) == 30 and (k == 1 or int(idx[2, 1]) == 200)
+    vals, idx = head.top_logp(logits[:, :5], 9)
+    assert vals.shape == (4, 5) and sorted(idx[0].tolist()) == [0, 1, 2, 3, 4]
+    torch.testing.assert_close(vals.exp().sum(-1), torch.ones(4), atol=1e-3, rtol=0)

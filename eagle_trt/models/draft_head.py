@@ -144,6 +144,15 @@ class Eagle3DraftHead:
         logits = self.lm_head(rms_norm(out[-1:] if last_only else out, self.norm, eps))
         return logits, out
 
+    def top_logp(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft logits [R, V] (or [V]) -> the k most likely draft ids of each row and their log-probs, largest first:
+        (log-probs [R, k] fp32, draft ids [R, k]). One compiled pass per row with the compiled layer, else torch's
+        log_softmax and topk."""
+        rows = logits.view(-1, logits.shape[-1])
+        if self.layer is not None and rows.dtype == torch.bfloat16:
+            return self.layer.top_logp(rows, k)
+        return torch.log_softmax(rows.float(), dim=-1).topk(min(k, rows.shape[-1]), dim=-1)
+
     def _forward_fused(self, hidden, tokens, positions, cache, start, mask, last_only):
         """`forward` with the target's fused bf16 row ops (models/native_ops.py): torch's values up to the norms'
         last bits, in a fraction of the operator calls. The head only proposes, so its numerics need no

@@ -39,6 +39,8 @@ class DraftLayer:
         self._run.argtypes = [ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, i64, i64, i64, i64, i64,
                               i64, i64, f32, i32, ptr, ptr, ptr, i32]
         self._run.restype = i32
+        self._top = lib.eagle_trt_top_logp
+        self._top.argtypes, self._top.restype = [ptr, i64, i64, i32, ptr, ptr], i32
         self._scratch = lib.eagle_trt_draft_scratch
         self._scratch.argtypes = [i64] * 6
         self._scratch.restype = i64
@@ -74,6 +76,20 @@ class DraftLayer:
         if rc != 0:
             raise RuntimeError(f"native draft layer failed (code {rc}) for {t} rows after {start} cached")
         return logits, out
+
+    def top_logp(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [R, V] bf16 -> (log-probs [R, k] fp32, largest first; their indices [R, k]): what
+        `torch.log_softmax(logits.float(), -1).topk(k)` gives up to the last bits of the log-probs (the earlier
+        index first on ties), in one pass over each row."""
+        if logits.dtype is not BF16 or logits.dim() != 2:
+            raise TypeError(f"top_logp takes 2-D bf16 logits, got {logits.dtype} {list(logits.shape)}")
+        logits = logits.contiguous()
+        rows, v = logits.shape
+        k = min(k, v)
+        vals, idx = torch.empty(rows, k), torch.empty(rows, k, dtype=torch.int64)
+        if rows and self._top(logits.data_ptr(), rows, v, k, vals.data_ptr(), idx.data_ptr()) != 0:
+            raise RuntimeError(f"native top_logp failed for k={k}")
+        return vals, idx
 
 
 def load() -> DraftLayer | None:

@@ -50,7 +50,7 @@ class Drafter:
                 parent_vis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run the head on F frontier nodes at `depth`. parent_vis: [F, W] slots each may see.
 
-        Returns (log-probs [F, Vd], output hidden [F, H], the nodes' own visibility rows [F, W])."""
+        Returns (draft logits [F, Vd], output hidden [F, H], the nodes' own visibility rows [F, W])."""
         n, f = self.cache.length, tokens.numel()
         cur = state.used
         vis = parent_vis.clone()
@@ -59,7 +59,7 @@ class Drafter:
         positions = torch.full((f,), n + depth - 1, dtype=torch.long)
         logits, out = self.head.forward(hidden, tokens, positions, self.cache, n + cur, mask)
         state.used += f
-        return torch.log_softmax(logits.float(), dim=-1), out, vis
+        return logits, out, vis
 
     def draft_dynamic(self, root: int, beam_width: int, depth: int, total_tokens: int,
                       confidence_threshold: float = 0.0) -> Tree:
@@ -71,38 +71,47 @@ class Drafter:
         return tree_from_parents(node_tokens, torch.cat([torch.tensor([-1]), tree_par]))
 
     def grow_candidates(self, beam_width: int, depth: int, min_score: float | None = None) -> "Candidates":
-        """Every candidate the beam expansion scores, in creation order (parents before children)."""
+        """Every candidate the beam expansion scores, in creation order (parents before children).
+
+        The bookkeeping is on Python lists: a tree has tens of candidates, fewer than the torch calls it would take.
+        Scores are cumulative log-probs (the head's top-k per node, `Eagle3DraftHead.top_logp`)."""
         k = beam_width
         d2t = self.head.draft_to_target
         state = _Expansion(width=k * max(depth - 1, 1))
-        logp = torch.log_softmax(self.last_logits.float(), dim=-1)
-        s, i = logp.topk(min(k, logp.numel()))
-        scores, tokens, parents, depths = [s], [d2t[i]], [torch.full_like(i, -1)], [torch.ones_like(i)]
-        frontier = torch.arange(i.numel())
-        f_hidden = self.last_hidden.expand(frontier.numel(), -1)
-        f_vis = torch.zeros(frontier.numel(), state.width, dtype=torch.bool)
-        count = i.numel()
+        s, i = self.head.top_logp(self.last_logits, k)
+        scores: list[float] = s[0].tolist()
+        parents, depths = [-1] * len(scores), [1] * len(scores)
+        ids = [i[0]]  # draft ids, one tensor per level
+        frontier = list(range(len(scores)))
+        f_tokens = d2t[i[0]]
+        f_hidden = self.last_hidden.expand(len(frontier), -1)
+        f_vis = torch.zeros(len(frontier), state.width, dtype=torch.bool)
         for d in range(1, depth):
-            all_scores = torch.cat(scores)
             if min_score is not None:  # stop growing branches the head is unsure of
-                ok = all_scores[frontier] >= min_score
-                frontier, f_hidden, f_vis = frontier[ok], f_hidden[ok], f_vis[ok]
-                if frontier.numel() == 0:
+                ok = [j for j, f in enumerate(frontier) if scores[f] >= min_score]
+                if not ok:
                     break
-            all_tokens = torch.cat(tokens)
-            logp, out, vis = self._expand(state, f_hidden, all_tokens[frontier], d, f_vis)
-            s, i = logp.topk(min(k, logp.shape[-1]), dim=-1)  # [F, k]
-            child_scores = (all_scores[frontier, None] + s).flatten()
-            scores.append(child_scores)
-            tokens.append(d2t[i].flatten())
-            parents.append(frontier.repeat_interleave(s.shape[1]))
-            depths.append(torch.full_like(child_scores, d + 1, dtype=torch.long))
-            # Next frontier: the best k children of this level (global beam over the level).
-            best = child_scores.topk(min(k, child_scores.numel())).indices
-            rows = best // s.shape[1]
-            frontier, f_hidden, f_vis = count + best, out[rows], vis[rows]
-            count += child_scores.numel()
-        return Candidates(torch.cat(scores), torch.cat(parents), torch.cat(depths), torch.cat(tokens))
+                if len(ok) < len(frontier):
+                    sel = torch.tensor(ok)
+                    frontier = [frontier[j] for j in ok]
+                    f_tokens, f_hidden, f_vis = f_tokens[sel], f_hidden[sel], f_vis[sel]
+            logits, out, vis = self._expand(state, f_hidden, f_tokens, d, f_vis)
+            s, i = self.head.top_logp(logits, k)  # [F, k]
+            width = s.shape[1]
+            base = len(scores)
+            child = [scores[f] + v for f, row in zip(frontier, s.tolist()) for v in row]
+            scores += child
+            parents += [f for f in frontier for _ in range(width)]
+            depths += [d + 1] * len(child)
+            flat = i.flatten()
+            ids.append(flat)
+            # Next frontier: the best k children of this level (global beam over the level; ties to the earlier).
+            best = sorted(range(len(child)), key=lambda j: -child[j])[:k]
+            pick = torch.tensor(best)
+            rows = torch.tensor([j // width for j in best])
+            frontier = [base + j for j in best]
+            f_tokens, f_hidden, f_vis = d2t[flat[pick]], out[rows], vis[rows]
+        return Candidates(torch.tensor(scores), torch.tensor(parents), torch.tensor(depths), d2t[torch.cat(ids)])
 
     def draft_static(self, root: int, layout: StaticLayout) -> Tree:
         """Fill a fixed tree: node i is the ranks[i]-th best draft token after its parent."""
@@ -130,7 +139,8 @@ class Drafter:
                 continue
             par = layout.parents[expand]
             in_hidden = torch.where((par == 0)[:, None], self.last_hidden, hidden[par])
-            logp, out, v = self._expand(state, in_hidden, tokens[expand], d, vis[par])
+            logits, out, v = self._expand(state, in_hidden, tokens[expand], d, vis[par])
+            logp = torch.log_softmax(logits.float(), dim=-1)
             hidden[expand], vis[expand] = out, v
             for j, node in enumerate(expand.tolist()):
                 logp_of[node] = logp[j]

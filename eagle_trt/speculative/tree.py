@@ -77,21 +77,20 @@ def select_top_nodes(
     closed under ancestors. Returns (kept candidate indices in creation order, their parents as tree
     indices where the root is 0 and kept candidate j becomes node j+1).
     """
-    n = scores.numel()
-    keep_ok = torch.ones(n, dtype=torch.bool) if min_score is None else scores >= min_score
-    # Sort by score desc, then depth asc, then creation order (a stable lexicographic sort).
-    order = torch.arange(n)
-    order = order[torch.argsort(depths[order], stable=True)]
-    order = order[torch.argsort(-scores[order], stable=True)]
-    order = order[keep_ok[order]][:total_tokens]
-    kept = order.sort().values
-    tree_index = torch.full((n,), -1, dtype=torch.long)
-    tree_index[kept] = torch.arange(1, kept.numel() + 1)
-    par = parents[kept]
-    tree_par = torch.where(par < 0, torch.zeros_like(par), tree_index[par.clamp(min=0)])
-    if (tree_par < 0).any():  # cannot happen for cumulative log-probs; guards hand-made scores
-        raise ValueError("selected nodes are not closed under ancestors")
-    return kept, tree_par
+    sc, par, dep = scores.tolist(), parents.tolist(), depths.tolist()  # tens of candidates: plain Python
+    # Sort by score desc, then depth asc, then creation order.
+    order = sorted(range(len(sc)), key=lambda j: (-sc[j], dep[j], j))
+    if min_score is not None:
+        order = [j for j in order if sc[j] >= min_score]
+    kept = sorted(order[:total_tokens])
+    tree_index = {c: node for node, c in enumerate(kept, start=1)}
+    tree_par = []
+    for c in kept:
+        p = par[c]
+        if p >= 0 and p not in tree_index:  # cannot happen for cumulative log-probs; guards hand-made scores
+            raise ValueError("selected nodes are not closed under ancestors")
+        tree_par.append(0 if p < 0 else tree_index[p])
+    return torch.tensor(kept, dtype=torch.long), torch.tensor(tree_par, dtype=torch.long)
 
 
 # ---- static trees ---------------------------------------------------------------------------------

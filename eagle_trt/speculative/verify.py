@@ -18,16 +18,18 @@ def verify_greedy(tree: Tree, target_next: torch.Tensor) -> tuple[torch.Tensor, 
     """target_next: [N+1] argmax of the target's logits at every node.
 
     Returns (accepted node indices root first, [m+1]; bonus token id)."""
-    ri = tree.retrieve  # [P, D+1]
-    child = ri[:, 1:]
-    valid = child >= 0
-    # A child node is right when its token is what the target emits after its parent.
-    match = (tree.tokens[child.clamp(min=0)] == target_next[ri[:, :-1].clamp(min=0)]) & valid
-    accepted = match.long().cumprod(dim=1).sum(dim=1)  # [P] accepted draft tokens per path
-    best = int(accepted.argmax())
-    m = int(accepted[best])
-    path = ri[best, : m + 1]
-    return path, int(target_next[path[-1]])
+    # Tens of nodes: plain Python lists beat a dozen small tensor ops.
+    tokens, nxt = tree.tokens.tolist(), target_next.tolist()
+    best, m = None, -1
+    for row in tree.retrieve.tolist():  # [P, D+1], each root..leaf padded with -1
+        a = 0
+        # A child node is right when its token is what the target emits after its parent.
+        while a + 1 < len(row) and row[a + 1] >= 0 and tokens[row[a + 1]] == nxt[row[a]]:
+            a += 1
+        if a > m:  # the first path with the most accepted tokens
+            best, m = row, a
+    path = torch.tensor(best[: m + 1], dtype=torch.long)
+    return path, int(nxt[best[m]])
 
 
 # ---- sampling (T > 0) ----------------------------------------------------------------------------

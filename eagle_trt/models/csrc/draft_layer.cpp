@@ -15,6 +15,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+
+#include "simd.h"
 
 extern "C" {
 int eagle_trt_add_rms_norm(uint16_t* x, const uint16_t* delta, const uint16_t* w, uint16_t* h, int64_t T, int64_t n,
@@ -34,6 +37,55 @@ namespace {
 
 // Weight pointers, in this order (native_draft.py builds the table).
 enum Slot { kInputNorm, kHiddenNorm, kQkv, kO, kPostNorm, kGateUp, kDown, kNorm, kLmHead, kSlots };
+
+using namespace eagle_trt;
+
+// The k largest log-softmax values of one row of bf16 logits, largest first (the earlier index first on ties), and
+// their indices: logp = x - (max + log(sum of exp(x - max))). What drafting reads of the head's output, in one pass
+// over the row instead of a conversion, a log-softmax and a top-k in torch.
+void top_logp(const uint16_t* row, int64_t V, int k, float* vals, int64_t* idx) {
+    const float ninf = -std::numeric_limits<float>::infinity();
+    float m = ninf;
+    int64_t i = 0;
+    vf mv = vf{} + ninf;
+    for (; i + kLanes <= V; i += kLanes) {
+        const vf x = vload_bf16(row + i);
+        mv = x > mv ? x : mv;
+    }
+    for (int l = 0; l < kLanes; ++l) m = mv[l] > m ? mv[l] : m;
+    for (; i < V; ++i) m = bf16_to_float(row[i]) > m ? bf16_to_float(row[i]) : m;
+    vf acc = vf{};
+    for (i = 0; i + kLanes <= V; i += kLanes) acc += vexp(vload_bf16(row + i) - m);
+    float total = lane_sum(acc);
+    for (; i < V; ++i) total += std::exp(bf16_to_float(row[i]) - m);
+    const float lse = m + std::log(total);
+    int n = 0;  // filled slots of vals/idx, kept sorted
+    auto offer = [&](float x, int64_t at) {
+        if (n == k && !(x > vals[k - 1])) return;
+        int j = n < k ? n++ : k - 1;
+        while (j > 0 && x > vals[j - 1]) {
+            vals[j] = vals[j - 1];
+            idx[j] = idx[j - 1];
+            --j;
+        }
+        vals[j] = x;
+        idx[j] = at;
+    };
+    for (i = 0; i + kLanes <= V; i += kLanes) {
+        const vf x = vload_bf16(row + i);
+        const float floor = n == k ? vals[k - 1] : ninf;
+        bool any = false;
+        for (int l = 0; l < kLanes; ++l) any |= x[l] > floor || n < k;
+        if (!any) continue;
+        for (int l = 0; l < kLanes; ++l) offer(x[l], i + l);
+    }
+    for (; i < V; ++i) offer(bf16_to_float(row[i]), i);
+    for (int j = 0; j < n; ++j) vals[j] -= lse;
+    for (int j = n; j < k; ++j) {
+        vals[j] = ninf;
+        idx[j] = 0;
+    }
+}
 
 }  // namespace
 
@@ -96,6 +148,14 @@ int eagle_trt_draft_layer(const uint16_t* const* w, const uint16_t* hidden, cons
     if ((rc = eagle_trt_add_rms_norm(out, d, w[kNorm], h, T, n, eps, threads))) return rc;
     const int64_t rows = last_only ? 1 : T;
     return eagle_trt_amx_gemm(h + (T - rows) * n, w[kLmHead], logits, rows, n, vocab, threads);
+}
+
+// For each of `rows` rows of bf16 logits [rows, V]: its k largest log-softmax values, largest first, and their
+// indices (vals, idx: [rows, k]; slots past V hold -inf). Returns 0; -2 for k < 1.
+int eagle_trt_top_logp(const uint16_t* logits, int64_t rows, int64_t V, int k, float* vals, int64_t* idx) {
+    if (k < 1 || V < 1) return -2;
+    for (int64_t r = 0; r < rows; ++r) top_logp(logits + r * V, V, k, vals + r * k, idx + r * k);
+    return 0;
 }
 
 }  // extern "C"
