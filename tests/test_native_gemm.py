@@ -99,11 +99,12 @@ def test_writes_into_a_given_buffer_of_its_shape():
 
 
 @needs_amx
-@pytest.mark.parametrize("k,n", [(32, 16), (576, 960), (64, 40), (96, 1000)])
-@pytest.mark.parametrize("m", [1, 5, 16, 17, 33])
+@pytest.mark.parametrize("k,n", [(32, 16), (576, 960), (64, 40), (64, 80), (96, 1000)])
+@pytest.mark.parametrize("m", [1, 5, 8, 12, 16, 17, 33])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_fused_argmax_is_the_argmax_of_the_stored_product(k, n, m, threads):
-    """The greedy step's LM head: the argmax of what the kernel would store, at any row and thread count."""
+    """The greedy step's LM head: the argmax of what the kernel would store, at any row and thread count (8 to 16
+    rows take two column groups at a time)."""
     w, x = _w_x(k, n, m, seed=k + n + m)
     packed = amx.pack(w)
     before = torch.get_num_threads()

@@ -197,27 +197,52 @@ void best_rows(const float* c, int m, int64_t col, int n, RowBest* best) {
     }
 }
 
-// group_rows' products for up to 16 rows, into the rows' running argmax instead of the output.
-void group_best(const uint16_t* x, int64_t K, int m, const uint16_t* wg, int64_t N, int64_t col, RowBest* best) {
+// group_rows' products for up to 16 rows, into the rows' running argmax instead of the output. With wb (a second
+// group, configure_pair) two groups go through the tiles together, as in group_pair_rows.
+void group_best(const uint16_t* x, int64_t K, int m, const uint16_t* wa, const uint16_t* wb, int64_t N, int64_t col,
+                RowBest* best) {
     const int64_t blocks = K / kBlockK, lda = K * static_cast<int64_t>(sizeof(uint16_t));
     _tile_zero(0);
     _tile_zero(1);
-    for (int64_t kb = 0; kb < blocks; ++kb) {
-        const uint16_t* b = wg + kb * kPanel;
-        _tile_loadd(6, b, 64);
-        _tile_loadd(7, b + kPanel / 2, 64);
-        _tile_loadd(4, x + kb * kBlockK, lda);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
+    if (wb) {
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t kb = 0; kb < blocks; ++kb) {
+            const uint16_t* a = wa + kb * kPanel;
+            const uint16_t* b = wb + kb * kPanel;
+            _tile_loadd(4, x + kb * kBlockK, lda);
+            _tile_loadd(5, a, 64);
+            _tile_loadd(6, a + kPanel / 2, 64);
+            _tile_dpbf16ps(0, 4, 5);
+            _tile_dpbf16ps(1, 4, 6);
+            _tile_loadd(7, b, 64);
+            _tile_dpbf16ps(2, 4, 7);
+            _tile_loadd(5, b + kPanel / 2, 64);
+            _tile_dpbf16ps(3, 4, 5);
+        }
+    } else {
+        for (int64_t kb = 0; kb < blocks; ++kb) {
+            const uint16_t* b = wa + kb * kPanel;
+            _tile_loadd(6, b, 64);
+            _tile_loadd(7, b + kPanel / 2, 64);
+            _tile_loadd(4, x + kb * kBlockK, lda);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+        }
     }
     alignas(64) float c[16 * 16];
-    const int n0 = N - col >= 16 ? 16 : static_cast<int>(N - col);
-    const int n1 = N - col - 16 >= 16 ? 16 : static_cast<int>(N - col - 16);
-    _tile_stored(0, c, 64);
-    best_rows(c, m, col, n0, best);
-    if (n1 > 0) {
-        _tile_stored(1, c, 64);
-        best_rows(c, m, col + 16, n1, best);
+    for (int grp = 0; grp < (wb ? 2 : 1); ++grp) {
+        const int64_t at = col + grp * kGroupCols;
+        const int n0 = N - at >= 16 ? 16 : static_cast<int>(N - at);
+        const int n1 = N - at - 16 >= 16 ? 16 : static_cast<int>(N - at - 16);
+        if (grp == 0) _tile_stored(0, c, 64);
+        else _tile_stored(2, c, 64);
+        best_rows(c, m, at, n0, best);
+        if (n1 > 0) {
+            if (grp == 0) _tile_stored(1, c, 64);
+            else _tile_stored(3, c, 64);
+            best_rows(c, m, at + 16, n1, best);
+        }
     }
 }
 #endif
@@ -319,7 +344,6 @@ int eagle_trt_amx_gemm_argmax(const uint16_t* x, const uint16_t* packed, int64_t
     {
         TileConfig saved;
         _tile_storeconfig(&saved);
-        configure(static_cast<int>(M), 0);
 #ifdef _OPENMP
         const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
 #else
@@ -328,8 +352,12 @@ int eagle_trt_amx_gemm_argmax(const uint16_t* x, const uint16_t* packed, int64_t
         if (tid == 0) used = nt;
         // Contiguous column ranges in thread order, so merging thread by thread keeps the column order.
         const int64_t per = (groups + nt - 1) / nt, g0 = tid * per, g1 = g0 + per < groups ? g0 + per : groups;
-        for (int64_t g = g0; g < g1; ++g)
-            group_best(x, K, static_cast<int>(M), packed + g * blocks * kPanel, N, g * kGroupCols, best[tid]);
+        const bool pairs = M >= kPairRows;  // as the projections: two groups at a time from 8 rows
+        if (pairs) configure_pair(static_cast<int>(M));
+        else configure(static_cast<int>(M), 0);
+        for (int64_t g = g0; g < g1; g += pairs ? 2 : 1)
+            group_best(x, K, static_cast<int>(M), packed + g * blocks * kPanel,
+                       pairs && g + 1 < g1 ? packed + (g + 1) * blocks * kPanel : nullptr, N, g * kGroupCols, best[tid]);
         _tile_loadconfig(&saved);
     }
     for (int64_t r = 0; r < M; ++r) {
