@@ -75,8 +75,12 @@ class KVCache:
 
     def compact(self, start: int, keep: torch.Tensor) -> None:
         """Move slots start+keep[i] to start+i for every layer (keep: [n], ascending tree indices)."""
-        src = start + keep
-        n = keep.numel()
+        idx = keep.tolist()
+        first = next((i for i, j in enumerate(idx) if j != i), len(idx))  # entries before it are in place already
+        if first == len(idx):
+            return
+        src = start + keep[first:]
+        dst = slice(start + first, start + len(idx))
         # Advanced indexing copies before the write, so overlapping ranges are safe.
-        self.k[:, :, start : start + n] = self.k[:, :, src]
-        self.v[:, :, start : start + n] = self.v[:, :, src]
+        self.k[:, :, dst] = self.k[:, :, src]
+        self.v[:, :, dst] = self.v[:, :, src]

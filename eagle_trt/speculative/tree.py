@@ -21,13 +21,36 @@ from dataclasses import dataclass
 import torch
 
 
-@dataclass
 class Tree:
-    tokens: torch.Tensor
-    parents: torch.Tensor
-    depths: torch.Tensor
-    mask: torch.Tensor
-    retrieve: torch.Tensor
+    """A draft tree (see the module doc). tokens, parents and depths are built with it; mask and retrieve when first
+    read (a drafted tree that prompt lookup then grafts onto is rebuilt, and never needs them)."""
+
+    def __init__(self, tokens: torch.Tensor, lineage: list[list[int]]):
+        self.tokens = tokens.long()
+        self._lineage = lineage  # per node: its ancestors and itself, root first
+        self.parents = torch.tensor([-1] + [line[-2] for line in lineage[1:]], dtype=torch.long)
+        self.depths = torch.tensor([len(line) - 1 for line in lineage], dtype=torch.long)
+        self._mask: torch.Tensor | None = None
+        self._retrieve: torch.Tensor | None = None
+
+    @property
+    def mask(self) -> torch.Tensor:
+        if self._mask is None:
+            n, lineage = len(self._lineage), self._lineage
+            mask = torch.zeros(n, n, dtype=torch.bool)
+            mask[[i for i, line in enumerate(lineage) for _ in line], [j for line in lineage for j in line]] = True
+            self._mask = mask
+        return self._mask
+
+    @property
+    def retrieve(self) -> torch.Tensor:
+        if self._retrieve is None:
+            lineage = self._lineage
+            is_parent = {line[-2] for line in lineage[1:]}
+            dmax = max(len(line) for line in lineage) - 1
+            self._retrieve = torch.tensor([line + [-1] * (dmax + 1 - len(line)) for i, line in enumerate(lineage)
+                                           if i not in is_parent], dtype=torch.long)
+        return self._retrieve
 
     @property
     def size(self) -> int:
@@ -36,31 +59,23 @@ class Tree:
 
     @property
     def depth(self) -> int:
-        return int(self.depths.max())
+        return len(max(self._lineage, key=len)) - 1
 
     def positions(self, prefix_len: int) -> torch.Tensor:
         return self.depths + prefix_len
 
 
-def tree_from_parents(tokens: torch.Tensor, parents: torch.Tensor) -> Tree:
-    """Build masks, depths and retrieve indices; `parents[i] < i` for every non-root node."""
+def tree_from_parents(tokens: torch.Tensor, parents: torch.Tensor | list[int]) -> Tree:
+    """Build a tree (depths now; masks and retrieve indices when read); `parents[i] < i` for every non-root node."""
     n = tokens.numel()
-    par = parents.tolist()
-    if par[0] != -1 or any(not (0 <= p < i) for i, p in enumerate(par) if i > 0):
+    par = parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
+    if len(par) != n or par[0] != -1 or any(not (0 <= p < i) for i, p in enumerate(par) if i > 0):
         raise ValueError(f"parents must list the root first and every parent before its child: {par}")
     # Ancestor lists in plain Python (a tree has tens of nodes: per-node tensor ops would cost more than the work).
     lineage: list[list[int]] = [[0]]
     for i in range(1, n):
         lineage.append(lineage[par[i]] + [i])
-    depths = [len(line) - 1 for line in lineage]
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    mask[[i for i, line in enumerate(lineage) for _ in line], [j for line in lineage for j in line]] = True
-    is_parent = set(par[1:])
-    dmax = max(depths)
-    retrieve = torch.tensor([line + [-1] * (dmax + 1 - len(line)) for i, line in enumerate(lineage)
-                             if i not in is_parent], dtype=torch.long)
-    return Tree(tokens.long(), torch.tensor(par, dtype=torch.long), torch.tensor(depths, dtype=torch.long),
-                mask, retrieve)
+    return Tree(tokens, lineage)
 
 
 def select_top_nodes(
