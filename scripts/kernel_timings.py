@@ -4,6 +4,7 @@
     python scripts/kernel_timings.py --engine engines/smollm2-135m-eagle3 --threads 2   # + target forward curve
     EAGLE_TRT_PREPACK=0 python scripts/kernel_timings.py --engine ...   # forward curve without prepacking
     python scripts/kernel_timings.py --engine ENGINE --parts --threads 2  # where 1 -> 17 rows adds time
+    python scripts/kernel_timings.py --engine ENGINE --calls --threads 2  # one-call paths vs the Python ones
 
 Times are medians over repeats, in ms. Scratch measurements: compare runs made back to back.
 """
@@ -120,6 +121,67 @@ def forward_parts(engine: str, reps: int, context: int = 300) -> None:
         print(f"  {name:21} T=1 {one:6.1f}   T=17 {many:6.1f}   +{many - one:.1f}")
 
 
+def native_calls(engine: str, reps: int, context: int = 300) -> None:
+    """What the one-call paths buy (bf16 engine with AMX kernels), each against the Python path it replaces, in
+    turns within every repeat: the target forward (decoder stack in one call vs the layer loop), the draft head
+    (one call vs its fused ops from Python), the greedy tokens (LM head fused with the argmax vs logits + argmax)."""
+    import statistics
+    import time
+
+    from eagle_trt.engine.engine_dir import open_engine
+    from eagle_trt.models.draft_head import Eagle3DraftHead
+    from eagle_trt.models.llama import LlamaTarget
+
+    e = open_engine(engine, verify=False)
+    target = LlamaTarget.load(e.target_dir, torch.bfloat16)
+    head = Eagle3DraftHead.load(e.draft_dir, target, torch.bfloat16)
+    if target.stack is None or head.layer is None:
+        raise SystemExit("--calls needs a bf16 engine on a CPU with AMX and a C++ compiler")
+    s = target.spec
+    target.aux_layer_ids = list(head.spec.aux_layer_ids)
+    g = torch.Generator().manual_seed(0)
+    cache = target.new_cache(context + 20)
+    target.forward(torch.randint(0, s.vocab_size, (context,), generator=g), torch.arange(context), cache)
+    cache.length = context
+    hcache = head.new_cache(context + 20)
+    head.forward(torch.randn(context, s.hidden_size, generator=g).bfloat16(),
+                 torch.randint(0, s.vocab_size, (context,), generator=g), torch.arange(context), hcache, 0)
+    hcache.length = context
+    stack, layer = target.stack, head.layer
+
+    def forward(t, on):
+        target.stack = stack if on else None
+        mask = torch.ones(t, t, dtype=torch.bool).tril_() if t > 1 else None
+        target.hidden_states(torch.arange(t) + 7, torch.arange(context, context + t), cache, mask, need_aux=True)
+
+    def draft(t, on):
+        head.layer = layer if on else None
+        head.forward(torch.ones(t, s.hidden_size, dtype=torch.bfloat16), torch.arange(t) + 7,
+                     torch.full((t,), context), hcache, context, torch.ones(t, context + t, dtype=torch.bool))
+
+    hidden = {t: torch.randn(t, s.hidden_size, generator=g).bfloat16() for t in (1, 16)}
+
+    def greedy(t, on):
+        return target.greedy(hidden[t]) if on else target.argmax(target.logits(hidden[t]))
+
+    cases = [("target forward", forward, (1, 16, 17)), ("draft head forward", draft, (1, 2, 5)),
+             ("greedy tokens", greedy, (1, 16))]
+    times: dict = {}
+    for _ in range(reps):
+        for name, fn, rows in cases:
+            for t in rows:
+                for on in (False, True):
+                    start = time.perf_counter()
+                    fn(t, on)
+                    times.setdefault((name, t, on), []).append(time.perf_counter() - start)
+    target.stack, head.layer = stack, layer
+    print(f"one call vs the Python path ({context} cached tokens, median of {reps}), ms:")
+    for name, _, rows in cases:
+        for t in rows:
+            py, one = (statistics.median(times[(name, t, on)]) * 1e3 for on in (False, True))
+            print(f"  {name:19} T={t:2}  Python {py:6.2f}   one call {one:6.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=None)
@@ -127,11 +189,18 @@ def main() -> None:
     ap.add_argument("--engine", default=None, help="also time the engine's target forward over 1..32 tokens")
     ap.add_argument("--parts", action="store_true", help="with --engine: only the forward's parts at 1 and 17 "
                     "tokens (the engine; torch's row ops with its / float64 / zero attention; projections alone)")
+    ap.add_argument("--calls", action="store_true", help="with --engine (bf16): only the one-call paths against the "
+                    "Python paths they replace (target forward, draft head, greedy tokens)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"threads {torch.get_num_threads()}, prepack {prepack_enabled()}")
     torch.manual_seed(0)
+    if args.calls:
+        if not args.engine:
+            raise SystemExit("--calls needs --engine")
+        native_calls(args.engine, args.repeats)
+        return
     if args.parts:
         if not args.engine:
             raise SystemExit("--parts needs --engine")
