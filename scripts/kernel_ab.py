@@ -51,6 +51,21 @@ def build_revision(rev: str, out_dir: Path) -> Path:
     return lib
 
 
+def gemm_of(lib: ctypes.CDLL):
+    """The projection kernel of a library build, called as native_gemm.AmxGemm is (older builds lack the rest)."""
+    fn = lib.eagle_trt_amx_gemm
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes, fn.restype = [ptr, ptr, ptr, i64, i64, i64, ctypes.c_int], ctypes.c_int
+
+    def gemm(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+        out = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
+        if fn(x.data_ptr(), packed.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], n, torch.get_num_threads()):
+            raise RuntimeError("base projection kernel failed")
+        return out
+
+    return gemm
+
+
 def alternate(cases: dict, kernels: dict, reps: int, inner: int) -> dict:
     """Median seconds per (kernel name, case): the kernels take turns within every repeat."""
     times: dict = {}
@@ -84,7 +99,7 @@ def main() -> None:
         lib = ctypes.CDLL(str(build_revision(args.base, Path(tmp))))
         if lib.eagle_trt_amx_available() != 1:
             raise SystemExit("kernel_ab: the base build has no AMX kernel here")
-        old_gemm, old_att = native_gemm.AmxGemm(lib), native_attention.NativeAttention(lib)
+        old_gemm, old_att = gemm_of(lib), native_attention.NativeAttention(lib)
         target = LlamaTarget.load(open_engine(args.engine, verify=False).target_dir, torch.bfloat16)
         projs = [p for lw in target.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)]
         g = torch.Generator().manual_seed(0)
