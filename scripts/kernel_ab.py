@@ -67,11 +67,12 @@ def gemm_of(lib: ctypes.CDLL):
 
 
 def alternate(cases: dict, kernels: dict, reps: int, inner: int) -> dict:
-    """Median seconds per (kernel name, case): the kernels take turns within every repeat."""
+    """Median seconds per (kernel name, case): the kernels take turns within every repeat, in reversed order every
+    other repeat (the second of two back-to-back runs was seen 1-2% slower with identical code)."""
     times: dict = {}
-    for _ in range(reps):
+    for rep in range(reps):
         for case, args in cases.items():
-            for name, fn in kernels.items():
+            for name, fn in (list(kernels.items()) if rep % 2 == 0 else list(kernels.items())[::-1]):
                 start = time.perf_counter()
                 for _ in range(inner):
                     fn(*args)

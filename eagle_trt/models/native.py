@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = [CSRC / "tree_attention.cpp", CSRC / "row_ops.cpp", CSRC / "gemm_amx.cpp", CSRC / "decoder_stack.cpp",
            CSRC / "draft_layer.cpp"]
-HEADERS = [CSRC / "simd.h", CSRC / "amx.h"]
+HEADERS = [CSRC / "simd.h", CSRC / "amx.h", CSRC / "kernels.h"]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared", "-std=c++17"]
 
 _loaded: "ctypes.CDLL | None | bool" = False  # False: not tried yet

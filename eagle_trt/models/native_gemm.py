@@ -54,12 +54,7 @@ class AmxGemm:
                  out: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, in] bf16 -> [M, out_features], into `out` if given (a forward reuses one buffer per projection
         across its layers; `native.out_buffer`)."""
-        if x.dtype != torch.bfloat16 or x.dim() != 2:
-            raise TypeError(f"AMX projections take a 2-D bf16 input, got {x.dtype} {list(x.shape)}")
-        x = x.contiguous()
-        m, k = x.shape
-        if packed.numel() != packed_size(k, out_features):
-            raise ValueError(f"input has {k} features; the packed weight is for another shape")
+        x, m, k = _checked(x, packed, out_features)
         out = native.out_buffer(out, (m, out_features), torch.bfloat16)
         if m == 0:
             return out
@@ -68,16 +63,10 @@ class AmxGemm:
             raise RuntimeError(f"AMX projection failed (code {rc}) for x {list(x.shape)}, {out_features} outputs")
         return out
 
-
     def argmax(self, x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
         """x [M, in] bf16 -> [M] int64: torch.argmax of each row of `self(x, packed, out_features)`, without
         writing those rows (a greedy step reads nothing else of the LM head's logits). Any M: 16 rows a pass."""
-        if x.dtype != torch.bfloat16 or x.dim() != 2:
-            raise TypeError(f"AMX projections take a 2-D bf16 input, got {x.dtype} {list(x.shape)}")
-        x = x.contiguous()
-        m, k = x.shape
-        if packed.numel() != packed_size(k, out_features):
-            raise ValueError(f"input has {k} features; the packed weight is for another shape")
+        x, m, k = _checked(x, packed, out_features)
         out = torch.empty(m, dtype=torch.int64)
         for r in range(0, m, ARGMAX_ROWS):
             rows = min(ARGMAX_ROWS, m - r)
@@ -86,6 +75,17 @@ class AmxGemm:
             if rc != 0:
                 raise RuntimeError(f"AMX argmax failed (code {rc}) for x {list(x.shape)}, {out_features} outputs")
         return out
+
+
+def _checked(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> tuple[torch.Tensor, int, int]:
+    """x as the kernels read it (2-D bf16, contiguous) and its shape; the packed weight must be for its width."""
+    if x.dtype != torch.bfloat16 or x.dim() != 2:
+        raise TypeError(f"AMX projections take a 2-D bf16 input, got {x.dtype} {list(x.shape)}")
+    x = x.contiguous()
+    m, k = x.shape
+    if packed.numel() != packed_size(k, out_features):
+        raise ValueError(f"input has {k} features; the packed weight is for another shape")
+    return x, m, k
 
 
 def load() -> AmxGemm | None:

@@ -59,13 +59,52 @@ void store_rows(const float* c, int rows, uint16_t* out, int64_t ldo, int ncols)
     }
 }
 
-// Up to 32 rows of x (m0 <= 16 in the first row tile, m1 <= 16 in the second) times one column group.
-void group_rows(const uint16_t* x, int64_t K, int m0, int m1, const uint16_t* wg, uint16_t* out, int64_t N,
-                int64_t col) {
+// The products of up to 16 rows of x with one column group into result tiles 0, 1 (weights through tiles 6, 7; set by
+// configure(m, 0) or configure_pair), or with wb also a second group into tiles 2, 3 (weights through 5-7,
+// configure_pair only): four chains in flight instead of two. Every element is one chain over K in blocks of 32,
+// from zero, either way.
+__attribute__((always_inline)) inline void products(const uint16_t* x, int64_t K, const uint16_t* wa,
+                                                    const uint16_t* wb) {
     const int64_t blocks = K / kBlockK, lda = K * static_cast<int64_t>(sizeof(uint16_t));
     _tile_zero(0);
     _tile_zero(1);
-    if (m1) {
+    if (wb) {
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t kb = 0; kb < blocks; ++kb) {
+            const uint16_t* a = wa + kb * kPanel;
+            const uint16_t* b = wb + kb * kPanel;
+            _tile_loadd(4, x + kb * kBlockK, lda);
+            _tile_loadd(5, a, 64);
+            _tile_loadd(6, a + kPanel / 2, 64);
+            _tile_dpbf16ps(0, 4, 5);
+            _tile_dpbf16ps(1, 4, 6);
+            _tile_loadd(7, b, 64);
+            _tile_dpbf16ps(2, 4, 7);
+            _tile_loadd(5, b + kPanel / 2, 64);
+            _tile_dpbf16ps(3, 4, 5);
+        }
+    } else {
+        for (int64_t kb = 0; kb < blocks; ++kb) {
+            const uint16_t* b = wa + kb * kPanel;
+            _tile_loadd(6, b, 64);
+            _tile_loadd(7, b + kPanel / 2, 64);
+            _tile_loadd(4, x + kb * kBlockK, lda);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+        }
+    }
+}
+
+// Up to 32 rows of x (m0 <= 16 in the first row tile, m1 <= 16 in the second) times one column group.
+void group_rows(const uint16_t* x, int64_t K, int m0, int m1, const uint16_t* wg, uint16_t* out, int64_t N,
+                int64_t col) {
+    if (!m1) {
+        products(x, K, wg, nullptr);
+    } else {
+        const int64_t blocks = K / kBlockK, lda = K * static_cast<int64_t>(sizeof(uint16_t));
+        _tile_zero(0);
+        _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
         for (int64_t kb = 0; kb < blocks; ++kb) {
@@ -78,15 +117,6 @@ void group_rows(const uint16_t* x, int64_t K, int m0, int m1, const uint16_t* wg
             _tile_dpbf16ps(1, 4, 7);
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
-        }
-    } else {
-        for (int64_t kb = 0; kb < blocks; ++kb) {
-            const uint16_t* b = wg + kb * kPanel;
-            _tile_loadd(6, b, 64);
-            _tile_loadd(7, b + kPanel / 2, 64);
-            _tile_loadd(4, x + kb * kBlockK, lda);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
         }
     }
     alignas(64) float c[16 * 16];
@@ -136,35 +166,7 @@ void store_group(int t0, int m, uint16_t* out, int64_t N, int64_t col) {
 
 void group_pair_rows(const uint16_t* x, int64_t K, int m, const uint16_t* wa, const uint16_t* wb, uint16_t* out,
                      int64_t N, int64_t col) {
-    const int64_t blocks = K / kBlockK, lda = K * static_cast<int64_t>(sizeof(uint16_t));
-    _tile_zero(0);
-    _tile_zero(1);
-    if (wb) {
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int64_t kb = 0; kb < blocks; ++kb) {
-            const uint16_t* a = wa + kb * kPanel;
-            const uint16_t* b = wb + kb * kPanel;
-            _tile_loadd(4, x + kb * kBlockK, lda);
-            _tile_loadd(5, a, 64);
-            _tile_loadd(6, a + kPanel / 2, 64);
-            _tile_dpbf16ps(0, 4, 5);
-            _tile_dpbf16ps(1, 4, 6);
-            _tile_loadd(7, b, 64);
-            _tile_dpbf16ps(2, 4, 7);
-            _tile_loadd(5, b + kPanel / 2, 64);
-            _tile_dpbf16ps(3, 4, 5);
-        }
-    } else {
-        for (int64_t kb = 0; kb < blocks; ++kb) {
-            const uint16_t* a = wa + kb * kPanel;
-            _tile_loadd(4, x + kb * kBlockK, lda);
-            _tile_loadd(5, a, 64);
-            _tile_loadd(6, a + kPanel / 2, 64);
-            _tile_dpbf16ps(0, 4, 5);
-            _tile_dpbf16ps(1, 4, 6);
-        }
-    }
+    products(x, K, wa, wb);
     store_group(0, m, out, N, col);
     if (wb) store_group(2, m, out, N, col + kGroupCols);
 }
@@ -201,35 +203,7 @@ void best_rows(const float* c, int m, int64_t col, int n, RowBest* best) {
 // group, configure_pair) two groups go through the tiles together, as in group_pair_rows.
 void group_best(const uint16_t* x, int64_t K, int m, const uint16_t* wa, const uint16_t* wb, int64_t N, int64_t col,
                 RowBest* best) {
-    const int64_t blocks = K / kBlockK, lda = K * static_cast<int64_t>(sizeof(uint16_t));
-    _tile_zero(0);
-    _tile_zero(1);
-    if (wb) {
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int64_t kb = 0; kb < blocks; ++kb) {
-            const uint16_t* a = wa + kb * kPanel;
-            const uint16_t* b = wb + kb * kPanel;
-            _tile_loadd(4, x + kb * kBlockK, lda);
-            _tile_loadd(5, a, 64);
-            _tile_loadd(6, a + kPanel / 2, 64);
-            _tile_dpbf16ps(0, 4, 5);
-            _tile_dpbf16ps(1, 4, 6);
-            _tile_loadd(7, b, 64);
-            _tile_dpbf16ps(2, 4, 7);
-            _tile_loadd(5, b + kPanel / 2, 64);
-            _tile_dpbf16ps(3, 4, 5);
-        }
-    } else {
-        for (int64_t kb = 0; kb < blocks; ++kb) {
-            const uint16_t* b = wa + kb * kPanel;
-            _tile_loadd(6, b, 64);
-            _tile_loadd(7, b + kPanel / 2, 64);
-            _tile_loadd(4, x + kb * kBlockK, lda);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-        }
-    }
+    products(x, K, wa, wb);
     alignas(64) float c[16 * 16];
     for (int grp = 0; grp < (wb ? 2 : 1); ++grp) {
         const int64_t at = col + grp * kGroupCols;
