@@ -237,7 +237,8 @@ class LlamaTarget:
         mask = self._mask(t, start, tree_mask)
         x = self.embed[tokens]  # [T, hidden], a fresh tensor: updated in place below
         cos, sin = self.rope.tables(positions)
-        if self.stack is not None:  # the same kernels in the same order, in one call (models/native_stack.py)
+        # The same kernels in the same order, in one call (models/native_stack.py), unless the attention was swapped.
+        if self.stack is not None and isinstance(self.attend, native_attention.NativeAttention):
             h, aux = self.stack(self._stack_weights, s, x, cos, sin, cache.k, cache.v, start, mask,
                                 self.aux_layer_ids if need_aux else [])
             return (h if rows is None else h[rows]), aux
