@@ -121,3 +121,18 @@ def test_top_logp_is_torch_s_log_softmax_top_k(tiny_model_dir, tiny_head_dir):
     vals, idx = head.top_logp(logits[:, :5], 9)
     assert vals.shape == (4, 5) and sorted(idx[0].tolist()) == [0, 1, 2, 3, 4]
     torch.testing.assert_close(vals.exp().sum(-1), torch.ones(4), atol=1e-3, rtol=0)
+
+
+def test_a_swapped_attention_takes_the_layer_loop(tiny_model_dir):
+    """The stack calls the compiled attention itself: a target whose attention was replaced runs its layer loop."""
+    target = _target(tiny_model_dir)
+    calls = []
+    kernel = target.attend
+
+    def counted(q, k, v, mask):
+        calls.append(q.shape[1])
+        return kernel(q, k, v, mask)
+
+    target.attend = counted
+    target.forward(torch.tensor([3, 4]), torch.arange(2), target.new_cache(8))
+    assert calls == [2] * target.spec.num_layers
