@@ -140,7 +140,8 @@ class Runner:
             return int(self.target.argmax(logits.view(1, -1))[0])
         return sample(processed_probs(logits, self._params), self._gen)
 
-    def _next_after(self, ids: torch.Tensor, positions: torch.Tensor, need_aux: bool) -> tuple[int, torch.Tensor | None]:
+    def _next_after(self, ids: torch.Tensor, positions: torch.Tensor,
+                    need_aux: bool) -> tuple[int, torch.Tensor | None]:
         """One target forward over ids; the token after the last one (greedy: the LM head's argmax, fused where the
         target has that kernel) and the features, if asked."""
         last = torch.tensor([ids.numel() - 1])

@@ -32,6 +32,12 @@ struct Scratch {
     uint16_t *h, *qkv, *q, *att, *o, *gu, *a, *d;
 };
 
+// x [T, hidden] into feature slot j of aux_out [T, n_aux * hidden].
+void copy_feature(const uint16_t* x, int64_t T, int64_t hidden, int64_t n_aux, int64_t j, uint16_t* aux_out) {
+    for (int64_t t = 0; t < T; ++t)
+        std::memcpy(aux_out + (t * n_aux + j) * hidden, x + t * hidden, hidden * sizeof(uint16_t));
+}
+
 Scratch carve(uint16_t* base, const Dims& s) {
     Scratch w;
     const int64_t qkv_w = (s.H + 2 * s.Hkv) * s.D;
@@ -50,7 +56,7 @@ Scratch carve(uint16_t* base, const Dims& s) {
 
 extern "C" {
 
-// Elements of scratch the stack needs for T rows (decoder_stack.py allocates it).
+// Elements of scratch the stack needs for T rows (native_stack.py allocates it).
 int64_t eagle_trt_stack_scratch(int64_t T, int64_t hidden, int64_t H, int64_t Hkv, int64_t D, int64_t I) {
     return T * (3 * hidden + (H + 2 * Hkv) * D + 2 * H * D + 3 * I);
 }
@@ -77,11 +83,8 @@ int eagle_trt_decoder_stack(uint16_t* x, const uint16_t* const* weights, int64_t
     for (int64_t i = 0; i < L; ++i) {
         const uint16_t* const* lw = weights + i * kSlots;
         if ((rc = eagle_trt_add_rms_norm(x, pending, lw[kInputNorm], w.h, T, hidden, eps, threads))) return rc;
-        if (next_aux < n_aux && aux_layers[next_aux] == i - 1) {  // x is now layer i-1's output
-            for (int64_t t = 0; t < T; ++t)
-                std::memcpy(aux_out + t * n_aux * hidden + next_aux * hidden, x + t * hidden, hidden * sizeof(uint16_t));
-            ++next_aux;
-        }
+        if (next_aux < n_aux && aux_layers[next_aux] == i - 1)  // x is now layer i-1's output
+            copy_feature(x, T, hidden, n_aux, next_aux++, aux_out);
         if ((rc = eagle_trt_amx_gemm(w.h, lw[kQkv], w.qkv, T, hidden, qkv_w, threads))) return rc;
         uint16_t* kc = k_cache + i * layer_stride;
         uint16_t* vc = v_cache + i * layer_stride;
@@ -101,11 +104,7 @@ int eagle_trt_decoder_stack(uint16_t* x, const uint16_t* const* weights, int64_t
         pending = w.d;
     }
     if ((rc = eagle_trt_add_rms_norm(x, pending, final_norm, h_out, T, hidden, eps, threads))) return rc;
-    if (next_aux < n_aux && aux_layers[next_aux] == L - 1) {
-        for (int64_t t = 0; t < T; ++t)
-            std::memcpy(aux_out + t * n_aux * hidden + next_aux * hidden, x + t * hidden, hidden * sizeof(uint16_t));
-        ++next_aux;
-    }
+    if (next_aux < n_aux && aux_layers[next_aux] == L - 1) copy_feature(x, T, hidden, n_aux, next_aux++, aux_out);
     return next_aux == n_aux ? 0 : -2;  // an aux id out of range or out of order
 }
 

@@ -61,18 +61,15 @@ void top_logp(const uint16_t* row, int64_t V, int k, float* vals, int64_t* idx) 
     };
     for (i = 0; i + kLanes <= V; i += kLanes) {
         const vf x = vload_bf16(row + i);
-        const float floor = n == k ? vals[k - 1] : ninf;
-        bool any = false;
-        for (int l = 0; l < kLanes; ++l) any |= x[l] > floor || n < k;
-        if (!any) continue;
+        if (n == k) {  // full: a vector with nothing above the k-th best is skipped whole
+            bool above = false;
+            for (int l = 0; l < kLanes; ++l) above |= x[l] > vals[k - 1];
+            if (!above) continue;
+        }
         for (int l = 0; l < kLanes; ++l) offer(x[l], i + l);
     }
     for (; i < V; ++i) offer(bf16_to_float(row[i]), i);
-    for (int j = 0; j < n; ++j) vals[j] -= lse;
-    for (int j = n; j < k; ++j) {
-        vals[j] = ninf;
-        idx[j] = 0;
-    }
+    for (int j = 0; j < k; ++j) vals[j] -= lse;  // k <= V: every slot filled
 }
 
 }  // namespace
@@ -139,9 +136,9 @@ int eagle_trt_draft_layer(const uint16_t* const* w, const uint16_t* hidden, cons
 }
 
 // For each of `rows` rows of bf16 logits [rows, V]: its k largest log-softmax values, largest first, and their
-// indices (vals, idx: [rows, k]; slots past V hold -inf). Returns 0; -2 for k < 1.
+// indices (vals, idx: [rows, k]). Returns 0; -2 unless 1 <= k <= V.
 int eagle_trt_top_logp(const uint16_t* logits, int64_t rows, int64_t V, int k, float* vals, int64_t* idx) {
-    if (k < 1 || V < 1) return -2;
+    if (k < 1 || k > V) return -2;
     for (int64_t r = 0; r < rows; ++r) top_logp(logits + r * V, V, k, vals + r * k, idx + r * k);
     return 0;
 }

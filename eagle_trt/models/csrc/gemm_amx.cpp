@@ -28,9 +28,8 @@ namespace {
 constexpr int kGroupCols = 32;  // output columns per group: two 16-column result tiles
 constexpr int kBlockK = 32;     // K per tile step (16 bf16 pairs)
 constexpr int kPanel = 2 * 16 * 32;  // bf16 elements of one group's two B tiles for one K block
-// From this many rows (up to 16) two column groups go through the tiles together: at 16 rows the layers'
-// projections took 10.3 -> 9.7 ms, at 12 9.95 -> 9.67, at 8 9.76 -> 9.63; at one row the two weight streams
-// were slower than one (9.95 -> 10.49 ms). Measured old and new kernel alternately on the SmolLM2 engine's weights.
+// From this many rows (up to 16) two column groups go through the tiles together; at one row two weight streams were
+// slower than one (`scripts/kernel_ab.py`; the numbers are in docs/architecture.md, "CPU kernels").
 constexpr int64_t kPairRows = 8;
 
 #ifdef EAGLE_TRT_AMX
@@ -56,6 +55,28 @@ void store_rows(const float* c, int rows, uint16_t* out, int64_t ldo, int ncols)
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(tmp), h);
             std::memcpy(out + r * ldo, tmp, ncols * sizeof(uint16_t));
         }
+    }
+}
+
+// One column group's two result tiles (First, First + 1: columns col.. and col + 16..) stored and handed to
+// use(c, col, n), with n the tile's columns inside N. (The instruction takes its tile number as an immediate.)
+template <int T>
+__attribute__((always_inline)) inline void stored(float* c) {
+    static_assert(T >= 0 && T < 4, "result tiles are 0-3");
+    if constexpr (T == 0) _tile_stored(0, c, 64);
+    else if constexpr (T == 1) _tile_stored(1, c, 64);
+    else if constexpr (T == 2) _tile_stored(2, c, 64);
+    else _tile_stored(3, c, 64);
+}
+
+template <int First, typename F>
+__attribute__((always_inline)) inline void each_tile(int64_t N, int64_t col, F&& use) {
+    alignas(64) float c[16 * 16];
+    stored<First>(c);
+    use(c, col, N - col >= 16 ? 16 : static_cast<int>(N - col));
+    if (col + 16 < N) {
+        stored<First + 1>(c);
+        use(c, col + 16, N - col - 16 >= 16 ? 16 : static_cast<int>(N - col - 16));
     }
 }
 
@@ -119,23 +140,9 @@ void group_rows(const uint16_t* x, int64_t K, int m0, int m1, const uint16_t* wg
             _tile_dpbf16ps(3, 5, 7);
         }
     }
-    alignas(64) float c[16 * 16];
-    const int n0 = N - col >= 16 ? 16 : static_cast<int>(N - col);
-    const int n1 = N - col - 16 >= 16 ? 16 : static_cast<int>(N - col - 16);
-    _tile_stored(0, c, 64);
-    store_rows(c, m0, out + col, N, n0);
-    if (n1 > 0) {
-        _tile_stored(1, c, 64);
-        store_rows(c, m0, out + col + 16, N, n1);
-    }
-    if (m1) {
-        _tile_stored(2, c, 64);
-        store_rows(c, m1, out + 16 * N + col, N, n0);
-        if (n1 > 0) {
-            _tile_stored(3, c, 64);
-            store_rows(c, m1, out + 16 * N + col + 16, N, n1);
-        }
-    }
+    each_tile<0>(N, col, [&](const float* c, int64_t at, int n) { store_rows(c, m0, out + at, N, n); });
+    if (m1)
+        each_tile<2>(N, col, [&](const float* c, int64_t at, int n) { store_rows(c, m1, out + 16 * N + at, N, n); });
 }
 
 // Up to 16 rows times two column groups at once (the second may be absent): four accumulator tiles in flight
@@ -150,25 +157,12 @@ void configure_pair(int m) {
     _tile_loadconfig(&cfg);
 }
 
-void store_group(int t0, int m, uint16_t* out, int64_t N, int64_t col) {
-    alignas(64) float c[16 * 16];
-    const int n0 = N - col >= 16 ? 16 : static_cast<int>(N - col);
-    const int n1 = N - col - 16 >= 16 ? 16 : static_cast<int>(N - col - 16);
-    if (t0 == 0) _tile_stored(0, c, 64);
-    else _tile_stored(2, c, 64);
-    store_rows(c, m, out + col, N, n0);
-    if (n1 > 0) {
-        if (t0 == 0) _tile_stored(1, c, 64);
-        else _tile_stored(3, c, 64);
-        store_rows(c, m, out + col + 16, N, n1);
-    }
-}
-
 void group_pair_rows(const uint16_t* x, int64_t K, int m, const uint16_t* wa, const uint16_t* wb, uint16_t* out,
                      int64_t N, int64_t col) {
     products(x, K, wa, wb);
-    store_group(0, m, out, N, col);
-    if (wb) store_group(2, m, out, N, col + kGroupCols);
+    const auto store = [&](const float* c, int64_t at, int n) { store_rows(c, m, out + at, N, n); };
+    each_tile<0>(N, col, store);
+    if (wb) each_tile<2>(N, col + kGroupCols, store);
 }
 
 // Running argmax of rows as torch.argmax reads them from the stored bf16 output: the first largest value, NaN
@@ -204,20 +198,9 @@ void best_rows(const float* c, int m, int64_t col, int n, RowBest* best) {
 void group_best(const uint16_t* x, int64_t K, int m, const uint16_t* wa, const uint16_t* wb, int64_t N, int64_t col,
                 RowBest* best) {
     products(x, K, wa, wb);
-    alignas(64) float c[16 * 16];
-    for (int grp = 0; grp < (wb ? 2 : 1); ++grp) {
-        const int64_t at = col + grp * kGroupCols;
-        const int n0 = N - at >= 16 ? 16 : static_cast<int>(N - at);
-        const int n1 = N - at - 16 >= 16 ? 16 : static_cast<int>(N - at - 16);
-        if (grp == 0) _tile_stored(0, c, 64);
-        else _tile_stored(2, c, 64);
-        best_rows(c, m, at, n0, best);
-        if (n1 > 0) {
-            if (grp == 0) _tile_stored(1, c, 64);
-            else _tile_stored(3, c, 64);
-            best_rows(c, m, at + 16, n1, best);
-        }
-    }
+    const auto take = [&](const float* c, int64_t at, int n) { best_rows(c, m, at, n, best); };
+    each_tile<0>(N, col, take);
+    if (wb) each_tile<2>(N, col + kGroupCols, take);
 }
 #endif
 
@@ -329,9 +312,10 @@ int eagle_trt_amx_gemm_argmax(const uint16_t* x, const uint16_t* packed, int64_t
         const bool pairs = M >= kPairRows;  // as the projections: two groups at a time from 8 rows
         if (pairs) configure_pair(static_cast<int>(M));
         else configure(static_cast<int>(M), 0);
-        for (int64_t g = g0; g < g1; g += pairs ? 2 : 1)
-            group_best(x, K, static_cast<int>(M), packed + g * blocks * kPanel,
-                       pairs && g + 1 < g1 ? packed + (g + 1) * blocks * kPanel : nullptr, N, g * kGroupCols, best[tid]);
+        for (int64_t g = g0; g < g1; g += pairs ? 2 : 1) {
+            const uint16_t* wb = pairs && g + 1 < g1 ? packed + (g + 1) * blocks * kPanel : nullptr;
+            group_best(x, K, static_cast<int>(M), packed + g * blocks * kPanel, wb, N, g * kGroupCols, best[tid]);
+        }
         _tile_loadconfig(&saved);
     }
     for (int64_t r = 0; r < M; ++r) {

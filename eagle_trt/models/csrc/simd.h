@@ -1,6 +1,7 @@
-// Fixed-width vector helpers for tree_attention.cpp and row_ops.cpp: GCC vector types, exact fused multiply-add on
-// every path, a polynomial exp, bf16 loads and rounding, and cross-lane sums in a fixed order. Everything here is lane-wise or has an order fixed by
-// the lane count alone, so a result never depends on where in a buffer or in which call it was computed.
+// Fixed-width vector helpers for the kernels: GCC vector types, exact fused multiply-add on every path, a
+// polynomial exp, bf16 loads and rounding, and cross-lane sums in a fixed order. Everything here is lane-wise or has
+// an order fixed by the lane count alone, so a result never depends on where in a buffer or in which call it was
+// computed.
 #pragma once
 
 #include <cstdint>
@@ -29,13 +30,18 @@ inline float bf16_to_float(uint16_t h) {
     return f;
 }
 
-// fp32 -> bf16, round to nearest even (NaN stays a quiet NaN), as torch rounds.
+// The bf16 bits of fp32 bits u, rounded to nearest even (a NaN becomes the quiet NaN), as torch rounds: for one
+// value (uint32_t) or every lane (vu32) alike.
+template <typename U>
+inline U bf16_bits(U u) {
+    return (u & 0x7fffffffu) > 0x7f800000u ? U{} + 0x7fc0u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+// fp32 -> bf16.
 inline uint16_t to_bf16(float f) {
     uint32_t u;
     std::memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return static_cast<uint16_t>(u >> 16);
+    return static_cast<uint16_t>(bf16_bits(u));
 }
 
 inline float lane_sum(vf a) {
@@ -122,14 +128,11 @@ inline vf vload_bf16(const uint16_t* p) {
     return r;
 }
 
-// Converts n elements (fp32 or bf16) to fp32.
-// to_bf16 on every lane: round to nearest even, NaN to the quiet NaN.
+// to_bf16 on every lane.
 inline vu32 vround_bits(vf f) {
     vu32 u;
     std::memcpy(&u, &f, sizeof u);
-    const vu32 nan = (u & 0x7fffffffu) > 0x7f800000u;
-    const vu32 r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return nan ? vu32{} + 0x7fc0u : r;
+    return bf16_bits(u);
 }
 
 inline void vstore_bf16(uint16_t* p, vf f) {
@@ -137,6 +140,7 @@ inline void vstore_bf16(uint16_t* p, vf f) {
     std::memcpy(p, &h, sizeof h);
 }
 
+// Converts n elements (fp32 or bf16) to fp32.
 inline void to_float(const void* base, int64_t offset, int bf16, int n, float* dst) {
     if (!bf16) {
         std::memcpy(dst, static_cast<const float*>(base) + offset, sizeof(float) * n);

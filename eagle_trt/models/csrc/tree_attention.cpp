@@ -105,8 +105,9 @@ struct Scratch {
     }
 };
 
-// acc[d] = sum over i of p[i] * v[idx[i]][d] (p >= 0, splat from memory: simd.h, vsplat): even i and odd i summed apart, in order, then added (two chains
-// in flight per lane; the order depends on i and n only). C vectors per row, kept in registers.
+// acc[d] = sum over i of p[i] * v[idx[i]][d] (p >= 0, splat from memory: simd.h, vsplat): even i and odd i summed
+// apart, in order, then added (two chains in flight per lane; the order depends on i and n only). C vectors per
+// row, kept in registers.
 template <int C>
 inline void weighted_sum(const float* v, const int* idx, const float* p, int n, int Dp, float* acc) {
     vf a[C], b[C];
@@ -285,7 +286,8 @@ void score_block_amx(const uint16_t* qb, int nq, int Dq, const uint16_t* kp_head
                 _tile_dpbf16ps(0, 4, 6);
             }
             _tile_stored(0, c, 64);
-            for (int r = 0; r < m; ++r) vstore(raw + (int64_t)(v0 + r) * Sp + jt * kTileKeys, vload(c + r * 16) * scale);
+            for (int r = 0; r < m; ++r)
+                vstore(raw + (int64_t)(v0 + r) * Sp + jt * kTileKeys, vload(c + r * 16) * scale);
         }
     }
 }
@@ -383,7 +385,8 @@ void one_task(const Layout& L, int t0, int t1, int hk, const void* q, int64_t q_
         int v = 0;
         for (int t = t0; t < t1; ++t)
             for (int g = 0; g < G; ++g, ++v) {
-                const uint16_t* src = static_cast<const uint16_t*>(q) + (int64_t)(hk * G + g) * q_sh + (int64_t)t * q_sr;
+                const uint16_t* src =
+                    static_cast<const uint16_t*>(q) + (int64_t)(hk * G + g) * q_sh + (int64_t)t * q_sr;
                 uint16_t* dst = w.qb + (int64_t)v * Dq;
                 std::memcpy(dst, src, sizeof(uint16_t) * L.D);
                 for (int d = L.D; d < Dq; ++d) dst[d] = 0;
