@@ -79,11 +79,11 @@ class LlamaTarget:
         self.aux_layer_ids: list[int] = []
         self.attend = pick_attention(dtype, embed.device, spec)
         self.row_ops = pick_row_ops(dtype, embed.device, spec)
-        self.stack, self._stack_weights = None, None
-        if self.row_ops is not None and isinstance(self.attend, native_attention.NativeAttention):
-            stack = native_stack.load()
-            if stack is not None and stack.supports(layers):
-                self.stack, self._stack_weights = stack, native_stack.StackWeights(layers, norm)
+        # The layer loop in one call where every projection is on the AMX kernel (used while the attention is the
+        # compiled kernel the stack calls; see _hidden_states_fused).
+        stack = native_stack.load() if self.row_ops is not None else None
+        self.stack = stack if stack is not None and stack.supports(layers) else None
+        self._stack_weights = native_stack.StackWeights(layers, norm) if self.stack is not None else None
 
     # ---- loading -----------------------------------------------------------------------------
     @classmethod

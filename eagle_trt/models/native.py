@@ -118,6 +118,29 @@ def shared(wrapper, usable=None):
     return _shared[wrapper]
 
 
+def byte_mask(mask: torch.Tensor | None, rows: int, keys: int) -> torch.Tensor | None:
+    """A bool [rows, keys] visibility mask as the bytes the kernels read (a view: the forward's mask is built
+    contiguous), or None for none."""
+    if mask is None:
+        return None
+    if mask.shape != (rows, keys) or mask.dtype != torch.bool:
+        raise ValueError(f"mask must be bool [{rows}, {keys}], got {mask.dtype} {tuple(mask.shape)}")
+    return mask.contiguous().view(torch.uint8)
+
+
+_scratch = torch.empty(0, dtype=torch.bfloat16)
+
+
+def scratch(elements: int) -> torch.Tensor:
+    """A bf16 work buffer of at least `elements`, kept and grown across calls: the one-call forwards (decoder stack,
+    draft layer) carve their intermediates from it instead of allocating per token. They run one at a time and
+    return nothing that points into it."""
+    global _scratch
+    if _scratch.numel() < elements:
+        _scratch = torch.empty(elements, dtype=torch.bfloat16)
+    return _scratch
+
+
 def out_buffer(out, shape: tuple, dtype):
     """Where a kernel writes its result: `out` (a caller's buffer, reused across a forward's layers) if given, which
     must be a contiguous CPU tensor of this shape and dtype, else a new tensor."""

@@ -50,11 +50,7 @@ class NativeAttention:
             k = k.contiguous()
         if v.stride(-1) != 1:
             v = v.contiguous()
-        m = None
-        if mask is not None:
-            if mask.shape != (t, s) or mask.dtype != torch.bool:
-                raise ValueError(f"mask must be bool [{t}, {s}], got {mask.dtype} {tuple(mask.shape)}")
-            m = mask.contiguous().view(torch.uint8)  # a view: the forward's mask is built contiguous
+        m = native.byte_mask(mask, t, s)
         out = torch.empty(t, h * d, dtype=q.dtype)
         rc = self._fn(q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
                       v.data_ptr(), v.stride(0), v.stride(1), m.data_ptr() if m is not None else None,

@@ -64,11 +64,11 @@ class DraftLayer:
             raise TypeError("the draft layer takes bf16 K and V caches of one layout")
         if start + t > k_cache.shape[1]:
             raise RuntimeError(f"KV cache full: need {start + t} slots, capacity {k_cache.shape[1]}")
-        m = native_stack.byte_mask(mask, t, start + t)
+        m = native.byte_mask(mask, t, start + t)
         out = torch.empty(t, n, dtype=BF16)
         logits = torch.empty(1 if last_only else t, weights.vocab, dtype=BF16)
         dims = (t, n, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.intermediate_size)
-        scratch = torch.empty(self._scratch(*dims), dtype=BF16)
+        scratch = native.scratch(self._scratch(*dims))
         rc = self._run(weights.table, hidden.data_ptr(), e.data_ptr(), int(prenorm), cos.data_ptr(), sin.data_ptr(),
                        k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1), start,
                        m.data_ptr() if m is not None else None, *dims, weights.vocab, spec.rms_norm_eps,

@@ -16,11 +16,11 @@ import torch
 from eagle_trt.models import native
 
 BF16 = torch.bfloat16
-SLOTS = 7  # per-layer pointers: input norm, qkv, qkv bias, o, post norm, gate_up, down (csrc/decoder_stack.cpp)
 
 
 class StackWeights:
-    """The per-layer pointer table of one target, built once; it keeps the tensors it points at alive."""
+    """The per-layer pointer table of one target (csrc/decoder_stack.cpp's slot order: input norm, qkv, qkv bias, o,
+    post norm, gate_up, down), built once; it keeps the tensors it points at alive."""
 
     def __init__(self, layers, final_norm: torch.Tensor):
         keep, ptrs = [final_norm], []
@@ -47,6 +47,14 @@ class DecoderStack:
         self._scratch = lib.eagle_trt_stack_scratch
         self._scratch.argtypes = [i64] * 6
         self._scratch.restype = i64
+        self._ids: dict[tuple, torch.Tensor] = {}
+
+    def _aux_ids(self, layers: list[int]) -> torch.Tensor:
+        """The feature layers as the kernel reads them (ascending, once each), made once per list."""
+        key = tuple(layers)
+        if key not in self._ids:
+            self._ids[key] = torch.tensor(sorted(set(layers)), dtype=torch.int64)
+        return self._ids[key]
 
     @staticmethod
     def supports(layers) -> bool:
@@ -68,30 +76,20 @@ class DecoderStack:
         if start + t > k_cache.shape[2]:
             raise RuntimeError(f"KV cache full: need {start + t} slots, capacity {k_cache.shape[2]}")
         cos, sin = cos.contiguous(), sin.contiguous()
-        m = byte_mask(mask, t, start + t)
-        aux_ids = sorted(set(aux_layers))
-        aux = torch.empty(t, len(aux_ids) * hidden, dtype=BF16) if aux_ids else None
-        ids = torch.tensor(aux_ids or [0], dtype=torch.int64)
+        m = native.byte_mask(mask, t, start + t)
+        ids = self._aux_ids(aux_layers)
+        aux = torch.empty(t, ids.numel() * hidden, dtype=BF16) if ids.numel() else None
         h = torch.empty(t, hidden, dtype=BF16)
         dims = (t, hidden, s.num_heads, s.num_kv_heads, s.head_dim, s.intermediate_size)
-        scratch = torch.empty(self._scratch(*dims), dtype=BF16)
+        scratch = native.scratch(self._scratch(*dims))
         rc = self._run(x.data_ptr(), weights.table, weights.num_layers, weights.final_norm.data_ptr(), h.data_ptr(),
                        cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0),
                        k_cache.stride(1), k_cache.stride(2), start, m.data_ptr() if m is not None else None, *dims,
-                       s.rms_norm_eps, ids.data_ptr(), len(aux_ids), aux.data_ptr() if aux is not None else None,
+                       s.rms_norm_eps, ids.data_ptr(), ids.numel(), aux.data_ptr() if aux is not None else None,
                        scratch.data_ptr(), torch.get_num_threads())
         if rc != 0:
             raise RuntimeError(f"native decoder stack failed (code {rc}) for {t} rows after {start} cached")
         return h, aux
-
-
-def byte_mask(mask: torch.Tensor | None, rows: int, keys: int) -> torch.Tensor | None:
-    """A bool [rows, keys] visibility mask as the bytes the kernels read (a view), or None for none."""
-    if mask is None:
-        return None
-    if mask.shape != (rows, keys) or mask.dtype != torch.bool:
-        raise ValueError(f"mask must be bool [{rows}, {keys}], got {mask.dtype} {tuple(mask.shape)}")
-    return mask.contiguous().view(torch.uint8)
 
 
 def enabled() -> bool:

@@ -144,7 +144,7 @@ class Runner:
                     need_aux: bool) -> tuple[int, torch.Tensor | None]:
         """One target forward over ids; the token after the last one (greedy: the LM head's argmax, fused where the
         target has that kernel) and the features, if asked."""
-        last = torch.tensor([ids.numel() - 1])
+        last = torch.tensor([ids.numel() - 1]) if ids.numel() > 1 else None  # one token: its only row
         if self._params.greedy:
             hidden, aux = self.target.hidden_states(ids, positions, self.cache, need_aux=need_aux, rows=last)
             return int(self.target.greedy(hidden)[0]), aux

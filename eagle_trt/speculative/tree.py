@@ -43,13 +43,16 @@ class Tree:
         return self._mask
 
     @property
+    def paths(self) -> list[list[int]]:
+        """Node indices root..leaf of every leaf, in node order (the rows of `retrieve`, unpadded)."""
+        is_parent = {line[-2] for line in self._lineage[1:]}
+        return [line for i, line in enumerate(self._lineage) if i not in is_parent]
+
+    @property
     def retrieve(self) -> torch.Tensor:
         if self._retrieve is None:
-            lineage = self._lineage
-            is_parent = {line[-2] for line in lineage[1:]}
-            dmax = max(len(line) for line in lineage) - 1
-            self._retrieve = torch.tensor([line + [-1] * (dmax + 1 - len(line)) for i, line in enumerate(lineage)
-                                           if i not in is_parent], dtype=torch.long)
+            dmax = self.depth
+            self._retrieve = torch.tensor([p + [-1] * (dmax + 1 - len(p)) for p in self.paths], dtype=torch.long)
         return self._retrieve
 
     @property

@@ -21,10 +21,10 @@ def verify_greedy(tree: Tree, target_next: torch.Tensor) -> tuple[torch.Tensor, 
     # Tens of nodes: plain Python lists beat a dozen small tensor ops.
     tokens, nxt = tree.tokens.tolist(), target_next.tolist()
     best, m = None, -1
-    for row in tree.retrieve.tolist():  # [P, D+1], each root..leaf padded with -1
+    for row in tree.paths:  # root..leaf
         a = 0
         # A child node is right when its token is what the target emits after its parent.
-        while a + 1 < len(row) and row[a + 1] >= 0 and tokens[row[a + 1]] == nxt[row[a]]:
+        while a + 1 < len(row) and tokens[row[a + 1]] == nxt[row[a]]:
             a += 1
         if a > m:  # the first path with the most accepted tokens
             best, m = row, a
