@@ -58,28 +58,6 @@ void store_rows(const float* c, int rows, uint16_t* out, int64_t ldo, int ncols)
     }
 }
 
-// One column group's two result tiles (First, First + 1: columns col.. and col + 16..) stored and handed to
-// use(c, col, n), with n the tile's columns inside N. (The instruction takes its tile number as an immediate.)
-template <int T>
-__attribute__((always_inline)) inline void stored(float* c) {
-    static_assert(T >= 0 && T < 4, "result tiles are 0-3");
-    if constexpr (T == 0) _tile_stored(0, c, 64);
-    else if constexpr (T == 1) _tile_stored(1, c, 64);
-    else if constexpr (T == 2) _tile_stored(2, c, 64);
-    else _tile_stored(3, c, 64);
-}
-
-template <int First, typename F>
-__attribute__((always_inline)) inline void each_tile(int64_t N, int64_t col, F&& use) {
-    alignas(64) float c[16 * 16];
-    stored<First>(c);
-    use(c, col, N - col >= 16 ? 16 : static_cast<int>(N - col));
-    if (col + 16 < N) {
-        stored<First + 1>(c);
-        use(c, col + 16, N - col - 16 >= 16 ? 16 : static_cast<int>(N - col - 16));
-    }
-}
-
 // The products of up to 16 rows of x with one column group into result tiles 0, 1 (weights through tiles 6, 7; set by
 // configure(m, 0) or configure_pair), or with wb also a second group into tiles 2, 3 (weights through 5-7,
 // configure_pair only): four chains in flight instead of two. Every element is one chain over K in blocks of 32,
@@ -140,9 +118,23 @@ void group_rows(const uint16_t* x, int64_t K, int m0, int m1, const uint16_t* wg
             _tile_dpbf16ps(3, 5, 7);
         }
     }
-    each_tile<0>(N, col, [&](const float* c, int64_t at, int n) { store_rows(c, m0, out + at, N, n); });
-    if (m1)
-        each_tile<2>(N, col, [&](const float* c, int64_t at, int n) { store_rows(c, m1, out + 16 * N + at, N, n); });
+    alignas(64) float c[16 * 16];
+    const int n0 = N - col >= 16 ? 16 : static_cast<int>(N - col);
+    const int n1 = N - col - 16 >= 16 ? 16 : static_cast<int>(N - col - 16);
+    _tile_stored(0, c, 64);
+    store_rows(c, m0, out + col, N, n0);
+    if (n1 > 0) {
+        _tile_stored(1, c, 64);
+        store_rows(c, m0, out + col + 16, N, n1);
+    }
+    if (m1) {
+        _tile_stored(2, c, 64);
+        store_rows(c, m1, out + 16 * N + col, N, n0);
+        if (n1 > 0) {
+            _tile_stored(3, c, 64);
+            store_rows(c, m1, out + 16 * N + col + 16, N, n1);
+        }
+    }
 }
 
 // Up to 16 rows times two column groups at once (the second may be absent): four accumulator tiles in flight
@@ -157,12 +149,25 @@ void configure_pair(int m) {
     _tile_loadconfig(&cfg);
 }
 
+void store_group(int t0, int m, uint16_t* out, int64_t N, int64_t col) {
+    alignas(64) float c[16 * 16];
+    const int n0 = N - col >= 16 ? 16 : static_cast<int>(N - col);
+    const int n1 = N - col - 16 >= 16 ? 16 : static_cast<int>(N - col - 16);
+    if (t0 == 0) _tile_stored(0, c, 64);
+    else _tile_stored(2, c, 64);
+    store_rows(c, m, out + col, N, n0);
+    if (n1 > 0) {
+        if (t0 == 0) _tile_stored(1, c, 64);
+        else _tile_stored(3, c, 64);
+        store_rows(c, m, out + col + 16, N, n1);
+    }
+}
+
 void group_pair_rows(const uint16_t* x, int64_t K, int m, const uint16_t* wa, const uint16_t* wb, uint16_t* out,
                      int64_t N, int64_t col) {
     products(x, K, wa, wb);
-    const auto store = [&](const float* c, int64_t at, int n) { store_rows(c, m, out + at, N, n); };
-    each_tile<0>(N, col, store);
-    if (wb) each_tile<2>(N, col + kGroupCols, store);
+    store_group(0, m, out, N, col);
+    if (wb) store_group(2, m, out, N, col + kGroupCols);
 }
 
 // Running argmax of rows as torch.argmax reads them from the stored bf16 output: the first largest value, NaN
@@ -198,9 +203,20 @@ void best_rows(const float* c, int m, int64_t col, int n, RowBest* best) {
 void group_best(const uint16_t* x, int64_t K, int m, const uint16_t* wa, const uint16_t* wb, int64_t N, int64_t col,
                 RowBest* best) {
     products(x, K, wa, wb);
-    const auto take = [&](const float* c, int64_t at, int n) { best_rows(c, m, at, n, best); };
-    each_tile<0>(N, col, take);
-    if (wb) each_tile<2>(N, col + kGroupCols, take);
+    alignas(64) float c[16 * 16];
+    for (int grp = 0; grp < (wb ? 2 : 1); ++grp) {
+        const int64_t at = col + grp * kGroupCols;
+        const int n0 = N - at >= 16 ? 16 : static_cast<int>(N - at);
+        const int n1 = N - at - 16 >= 16 ? 16 : static_cast<int>(N - at - 16);
+        if (grp == 0) _tile_stored(0, c, 64);
+        else _tile_stored(2, c, 64);
+        best_rows(c, m, at, n0, best);
+        if (n1 > 0) {
+            if (grp == 0) _tile_stored(1, c, 64);
+            else _tile_stored(3, c, 64);
+            best_rows(c, m, at + 16, n1, best);
+        }
+    }
 }
 #endif
 
