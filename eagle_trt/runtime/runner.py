@@ -26,8 +26,8 @@ from eagle_trt.runtime.metrics import GenerationMetrics, StepRecord
 from eagle_trt.speculative.datastore import Datastore
 from eagle_trt.speculative.lookup import NgramIndex, copied_chains, copy_budget, graft, within_rows
 from eagle_trt.speculative.sampling import SamplingParams, processed_probs, sample
-from eagle_trt.speculative.tree import (DEFAULT_STATIC_TREE, Tree, chain_choices, static_layout, tree_from_parents,
-                                        trim_choices)
+from eagle_trt.speculative.tree import (DEFAULT_STATIC_TREE, StaticLayout, Tree, chain_choices, static_layout,
+                                        tree_from_parents, trim_choices)
 from eagle_trt.speculative.verify import verify_greedy, verify_sampling
 
 
@@ -88,6 +88,8 @@ class Runner:
         self.datastore = datastore  # a second prompt-lookup source (speculative/datastore.py)
         self.capacity = capacity
         self.max_input_len = max_input_len or capacity
+        # Positions the target (and the head, which shares its RoPE range) can take: 0 .. max_positions - 1.
+        self.max_positions = target.spec.max_position_embeddings
         if head is not None:
             head_aux = head.spec.aux_layer_ids
             if max(head_aux) >= target.spec.num_layers:
@@ -128,7 +130,7 @@ class Runner:
         if opts.mode == "ar" or self.head is None:
             self._generate_ar(prompt_ids, emit, metrics)
         else:
-            self._generate_eagle(prompt_ids, opts, emit, metrics)
+            self._generate_eagle(prompt_ids, opts, emit, metrics, left=lambda: opts.max_new_tokens - len(out))
         metrics.total_s = time.perf_counter() - t0
         metrics.generated_tokens = len(out)
         return GenerationResult(out, metrics, list(prompt_ids))
@@ -174,12 +176,13 @@ class Runner:
             metrics.steps.append(StepRecord(0, 0, 0, 0.0, time.perf_counter() - t))
             done = emit([tok])
 
-    def _generate_eagle(self, prompt_ids, opts: DecodeOptions, emit, metrics) -> None:
-        layout = None
+    def _generate_eagle(self, prompt_ids, opts: DecodeOptions, emit, metrics, left: Callable[[], int]) -> None:
+        """`left()`: tokens still to emit before max_new_tokens."""
+        layouts = None
         if opts.tree != "dynamic":
             choices = chain_choices(opts.draft_length) if opts.tree == "chain" else (
                 opts.static_tree or trim_choices(DEFAULT_STATIC_TREE, opts.draft_length, opts.total_tokens))
-            layout = static_layout(choices)
+            layouts = _StaticLayouts(choices)
         index = NgramIndex() if opts.lookup_tokens > 0 else None
         if index is not None:
             index.extend(prompt_ids)
@@ -219,16 +222,24 @@ class Runner:
                 self.drafter.extend(torch.cat(feats), torch.tensor(nexts))
                 carry_draft_s, misses = time.perf_counter() - t, 0
             n = self.cache.length
+            # A step emits at most depth + 1 tokens and its deepest node sits at position n + depth: no node is
+            # drafted past the last token still to emit, nor past the model's last position.
+            depth = min(opts.draft_length, left() - 1, self.max_positions - 1 - n)
+            if depth < 1:  # the root's own forward gives the last token
+                nxt, _ = self._plain_step(root, need_aux=False)
+                if not emit([nxt]):
+                    metrics.stop_reason = "context"
+                return
             t_draft = time.perf_counter()
-            if layout is None:
-                tree = self.drafter.draft_dynamic(root, opts.beam_width, opts.draft_length, opts.total_tokens,
+            if layouts is None:
+                tree = self.drafter.draft_dynamic(root, opts.beam_width, depth, opts.total_tokens,
                                                   opts.confidence_threshold)
             else:
-                tree = self.drafter.draft_static(root, layout)
+                tree = self.drafter.draft_static(root, layouts.within(depth))
             # Node indices: the head's nodes first, then the context's copies, then the datastore's.
             drafted = copied = tree.tokens.numel()
             if index is not None:
-                chains = copied_chains(index, self.datastore, opts.lookup_tokens, opts.lookup_branches,
+                chains = copied_chains(index, self.datastore, min(opts.lookup_tokens, depth), opts.lookup_branches,
                                        opts.datastore_branches)
                 budget = copy_budget(opts.max_verify_rows, tree.tokens.numel())
                 tree, copied = with_lookup(tree, *within_rows(*chains, budget))
@@ -289,9 +300,29 @@ class Runner:
             raise InputError(f"prompt ({len(prompt_ids)}) + max_new_tokens ({opts.max_new_tokens}) + tree "
                              f"({opts.tree_capacity()}) exceed the KV cache ({self.capacity} slots); "
                              f"lower --max-new-tokens or rebuild with a larger max_output_len")
+        if len(prompt_ids) + opts.max_new_tokens > self.max_positions:
+            raise InputError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({opts.max_new_tokens}) exceed the "
+                             f"model's context of {self.max_positions} positions; lower --max-new-tokens or shorten "
+                             f"the prompt")
         vocab = self.target.spec.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise InputError(f"prompt token ids must lie in [0, {vocab})")
+
+
+class _StaticLayouts:
+    """A static tree's layout, and the same tree cut to a smaller depth near the end of an answer (made once per
+    depth)."""
+
+    def __init__(self, choices: list[list[int]]):
+        self.choices = choices
+        self.depth = max(map(len, choices), default=0)
+        self._by_depth: dict[int, StaticLayout] = {}
+
+    def within(self, depth: int) -> StaticLayout:
+        depth = min(depth, self.depth)
+        if depth not in self._by_depth:
+            self._by_depth[depth] = static_layout(trim_choices(self.choices, depth, len(self.choices)))
+        return self._by_depth[depth]
 
 
 def with_lookup(tree: Tree, chains: list[list[int]], more: list[list[int]] = ()) -> tuple[Tree, int]:
