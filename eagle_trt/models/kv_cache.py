@@ -3,7 +3,8 @@
 Layout per layer: k, v: [L, Hkv, capacity, D]. Slots [0, length) hold committed tokens; a verify pass
 writes the tree after them, and `compact` moves the accepted path's entries down to the front.
 With dtype fp8 the entries are stored as float8_e4m3fn divided by a per-layer scale (K and V apart)
-and scaled back on read.
+and scaled back on read. Any other storage dtype may differ from the compute dtype too: entries are cast on write
+and cast back on read, so every (weights, cache) pair of dtypes runs.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ class KVCache:
                 k.to(self.compute_dtype) * self.k_scales[layer],
                 v.to(self.compute_dtype) * self.v_scales[layer],
             )
+        if k.dtype != self.compute_dtype:  # a cache stored in another dtype: rounded on write, widened here
+            return k.to(self.compute_dtype), v.to(self.compute_dtype)
         return k, v
 
     def compact(self, start: int, keep: torch.Tensor) -> None:
