@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from eagle_trt.errors import EXIT_FAILURE, EagleError
+from eagle_trt.staging import Terminated, terminate_like_interrupt
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -95,6 +96,7 @@ def handle_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        terminate_like_interrupt()  # SIGTERM unwinds like Ctrl-C: temp dirs removed, checkpoints saved
         try:
             return fn(*args, **kwargs)
         except typer.Exit:
@@ -103,9 +105,11 @@ def handle_errors(fn):
             if debug_enabled():
                 raise
             fail(e.message, e.exit_code, e.hint)
-        except KeyboardInterrupt:
-            err_console.print("Interrupted.")
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated); a saved training checkpoint says so
+            what = "Terminated" if isinstance(e, Terminated) or getattr(e, "exit_code", 0) == Terminated.exit_code \
+                else "Interrupted"
+            err_console.print(f"{what}: {escape(str(e))}" if str(e) else f"{what}.", soft_wrap=True)
+            raise typer.Exit(getattr(e, "exit_code", 130)) from None
         except Exception as e:  # noqa: BLE001 - last-resort boundary of the CLI
             if debug_enabled():
                 raise

@@ -78,25 +78,39 @@ def _jsonl_records(path: Path) -> list[Record]:
     return out
 
 
-def read_records(specs: list[str | Path]) -> list[Record]:
-    """Parse every --data input into records (nothing tokenized yet)."""
-    records: list[Record] = []
+JSONL_SUFFIXES, TEXT_SUFFIXES = (".jsonl", ".json"), (".txt", ".md", ".text")
+
+
+def check_specs(specs: list[str | Path]) -> list[str | Path]:
+    """Each --data input is 'humaneval' or an existing file of a known format: checked before any slow work (the
+    model load, regeneration, the feature cache) so a typo costs nothing. Returns the inputs as paths or the word."""
+    out: list[str | Path] = []
     for spec in specs:
         if str(spec).lower() == HUMANEVAL:
-            records += _humaneval_records()
+            out.append(HUMANEVAL)
             continue
         path = Path(spec).expanduser()
         if not path.is_file():
             raise InputError(f"--data file not found: {path} (give .jsonl, .txt files or 'humaneval')")
         suffix = path.suffix.lower()
-        if suffix in (".jsonl", ".json"):
-            records += _jsonl_records(path)
-        elif suffix in (".txt", ".md", ".text"):
-            text = path.read_text(encoding="utf-8", errors="replace")
-            if text.strip():
-                records.append(Record("text", str(path), text=text))
-        else:
+        if suffix not in JSONL_SUFFIXES + TEXT_SUFFIXES:
             raise InputError(f"--data {path}: unknown format {suffix or '(none)'}; use .jsonl, .txt or 'humaneval'")
+        out.append(path)
+    return out
+
+
+def read_records(specs: list[str | Path]) -> list[Record]:
+    """Parse every --data input into records (nothing tokenized yet)."""
+    records: list[Record] = []
+    for spec in check_specs(specs):
+        if spec == HUMANEVAL:
+            records += _humaneval_records()
+        elif spec.suffix.lower() in JSONL_SUFFIXES:
+            records += _jsonl_records(spec)
+        else:
+            text = spec.read_text(encoding="utf-8", errors="replace")
+            if text.strip():
+                records.append(Record("text", str(spec), text=text))
     if not records:
         raise InputError("--data holds no usable records")
     return records

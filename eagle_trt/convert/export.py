@@ -24,11 +24,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from eagle_trt.errors import CheckpointError, InputError
+from eagle_trt.staging import staged_dir, swap_into_place, sweep_stale
 
 # Fields `eagle-trt build` and the runtime read from draft/config.json.
 DRAFT_CONFIG_FIELDS = (
@@ -48,22 +47,21 @@ def check_output_dir(output_dir: str | Path, overwrite: bool) -> Path:
     return out
 
 
+def check_apart(source: str | Path, out: Path, what: str = "the model being converted") -> None:
+    """Replacing OUT must not delete an input: refuse an OUT that is the input, holds it, or lies inside it (whatever
+    --force says)."""
+    src, dst = Path(source).expanduser().resolve(), out.resolve()
+    if src == dst or dst in src.parents or src in dst.parents:
+        where = "is" if src == dst else "holds" if dst in src.parents else "lies inside"
+        raise InputError(f"--output {out} {where} {what} ({src}); choose an output outside it")
+
+
 def _commit(stage: Path, out: Path, overwrite: bool) -> None:
     """Rename the finished stage onto OUT; an existing OUT is swapped out, then deleted."""
     out = check_output_dir(out, overwrite)  # again: something may have appeared meanwhile
     if out.is_dir() and not any(out.iterdir()):
         out.rmdir()
-    if not out.exists():
-        os.replace(stage, out)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-    os.replace(out, old / out.name)
-    try:
-        os.replace(stage, out)
-    except BaseException:
-        os.replace(old / out.name, out)  # put the previous checkpoint back
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+    swap_into_place(stage, out)
 
 
 @contextlib.contextmanager
@@ -72,16 +70,14 @@ def staged_output(output_dir: str | Path, overwrite: bool = False):
     out = check_output_dir(output_dir, overwrite)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+        if not os.access(out.parent, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+        sweep_stale(out, ("partial", "old"))  # what converts killed outright left behind
     except OSError as e:
         raise InputError(f"cannot write next to {out} ({e.strerror}); choose another --output") from e
-    os.chmod(stage, 0o755)  # mkdtemp makes it 0700; a checkpoint is ordinary shared data
-    try:
+    with staged_dir(out, "partial") as stage:
         yield stage
         _commit(stage, out, overwrite)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
 
 
 def write_target(model, tokenizer, target_dir: Path) -> None:

@@ -40,7 +40,7 @@ from eagle_trt.engine.datastore_file import DATASTORE_NAME, write_datastore
 from eagle_trt.errors import InputError
 
 from .attach import attach_eagle3
-from .export import check_output_dir, staged_output, write_draft, write_manifest, write_target
+from .export import check_apart, check_output_dir, staged_output, write_draft, write_manifest, write_target
 from .load_target import load_target
 
 
@@ -229,6 +229,9 @@ def convert_model(
         cfg = TrainConfig(steps=steps or None, epochs=epochs, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
                           ttt_steps=ttt_steps, checkpoint_every=checkpoint_every, seed=seed)
         cfg.validate()
+        from .data import check_specs
+
+        check_specs(data)
     elif data:
         raise InputError("--data is only used for training: add --steps N or --epochs N")
     if head is not None:
@@ -241,11 +244,18 @@ def convert_model(
 
     run_on = resolve_device(device) if train else None
     out = check_output_dir(output_dir, overwrite)  # before the slow load, not after it
+    check_apart(model_path, out)
+    if head is not None:
+        check_apart(head, out, "the --head being shipped")
     work = Path(work_dir).expanduser().absolute() if work_dir else out.parent / f".{out.name}.train"
     stages = _Stages(progress)
 
     with stages.stage("load", f"Loading {model_path}"):
         model, tokenizer, info = load_target(model_path)
+    vocab = model.config.vocab_size
+    if draft_vocab_size is not None and draft_vocab_size > vocab:  # before the data, the features, the work dir
+        raise InputError(f"--draft-vocab-size {draft_vocab_size} exceeds the target's vocabulary ({vocab}); give at "
+                         f"most {vocab}, or leave it out for the full vocabulary")
     if head is not None:
         return _ship_head(model, tokenizer, info, out, overwrite, Path(head), stages, calibrate_kv)
     training: dict = {}

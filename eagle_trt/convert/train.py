@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 
 from eagle_trt.errors import InputError
+from eagle_trt.staging import Terminated
 
 from .feature_cache import (CACHE_FORMAT, SHARD_TOKENS, FeatureCache, build_feature_cache,  # noqa: F401
                             load_feature_cache)
@@ -118,39 +119,43 @@ def batch_order(n: int, batch_size: int, seed: int, epoch: int) -> list[list[int
 
 # ---- Ctrl-C ------------------------------------------------------------------------------------------
 class _StopRequest:
-    """First Ctrl-C: finish the current step, save, stop. A second one aborts at once."""
+    """First Ctrl-C or SIGTERM: finish the current step, save, stop. A second one aborts at once."""
 
     def __init__(self, console=None):
         self.requested = False
+        self.signum = signal.SIGINT  # what asked to stop
         self.console = console
         self._previous = None
 
     def _handler(self, signum, frame):
         if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
+            raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt
+        self.requested, self.signum = True, signum
         if self.console is not None:
-            self.console.print("[yellow]Ctrl-C: finishing this step and saving a checkpoint "
-                               "(press again to abort without saving)[/]")
+            name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+            self.console.print(f"[yellow]{name}: finishing this step and saving a checkpoint "
+                               "(press Ctrl-C again to abort without saving)[/]")
 
     def __enter__(self):
+        # SIGTERM (a CI job cancelled, `docker stop`) saves the checkpoint like a Ctrl-C.
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handler)
+            self._previous = {sig: signal.signal(sig, self._handler) for sig in (signal.SIGINT, signal.SIGTERM)}
         return self
 
     def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for sig, previous in (self._previous or {}).items():
+            signal.signal(sig, previous)
         return False
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Raised after a Ctrl-C (or a callback's KeyboardInterrupt) once the checkpoint is saved."""
+    """Raised after a Ctrl-C or SIGTERM (or a callback's KeyboardInterrupt) once the checkpoint is saved; exit_code
+    is what the CLI exits with (130 for SIGINT, 143 for SIGTERM, as the shell reports a signal)."""
 
-    def __init__(self, step: int, checkpoint: Path):
+    def __init__(self, step: int, checkpoint: Path, signum: int = signal.SIGINT):
         super().__init__(f"training interrupted after step {step}; checkpoint saved to {checkpoint}; "
                          "run again with resume to continue")
-        self.step, self.checkpoint = step, checkpoint
+        self.step, self.checkpoint, self.exit_code = step, checkpoint, 128 + signum
 
 
 # ---- the loop ------------------------------------------------------------------------------------------
@@ -261,7 +266,7 @@ def train_head(model, cache: FeatureCache, cfg: TrainConfig, checkpoint_path: st
                 if stop.requested:
                     checkpoint()
                     result.interrupted = True
-                    raise TrainingInterrupted(step, checkpoint_path)
+                    raise TrainingInterrupted(step, checkpoint_path, stop.signum)
                 if step % cfg.checkpoint_every == 0 or step == total:
                     checkpoint()
     finally:

@@ -16,11 +16,8 @@ interrupted or failed build never leaves a half-written engine where `eagle-trt 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +38,7 @@ from eagle_trt.engine.manifest import (
     write_manifest,
 )
 from eagle_trt.errors import InputError, MissingDependencyError
+from eagle_trt.staging import staged_dir, swap_into_place, sweep_stale
 
 __all__ = ["BuildSummary", "build_engine", "inspect_checkpoint"]
 
@@ -104,20 +102,20 @@ def build_engine(
         summary.seconds = time.monotonic() - start
         return summary
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private; an engine is ordinary shared data
-        manifest = _write_engine(resolved, plan, tmp)
-        open_engine(tmp, verify=True)  # read back what we wrote before it replaces anything
-        if cfg.backend == "trtllm":
-            from eagle_trt.engine.trtllm_backend import validate_bundle
+        out.parent.mkdir(parents=True, exist_ok=True)
+        sweep_stale(out, ("tmp", "old"))  # what builds killed outright left behind
+        with staged_dir(out, "tmp") as tmp:
+            manifest = _write_engine(resolved, plan, tmp)
+            open_engine(tmp, verify=True)  # read back what we wrote before it replaces anything
+            if cfg.backend == "trtllm":
+                from eagle_trt.engine.trtllm_backend import validate_bundle
 
-            summary.trtllm = validate_bundle(tmp)  # loads it through LLM(...) where TensorRT-LLM can run
-        _install(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+                summary.trtllm = validate_bundle(tmp)  # loads it through LLM(...) where TensorRT-LLM can run
+            swap_into_place(tmp, out)
+    except PermissionError as e:
+        raise InputError(f"cannot write the engine '{out}' ({e.strerror}: {e.filename}); choose another --output or "
+                         "fix the permissions") from None
     summary.files = {k: v.model_dump() for k, v in manifest.files.items()}
     summary.validated = True
     summary.seconds = time.monotonic() - start
@@ -168,21 +166,6 @@ def _check_output(out: Path, overwrite: bool) -> None:
     # Replacing deletes the old dir, so only ever replace an engine (or an empty dir).
     if not (out / MANIFEST_NAME).is_file() and any(out.iterdir()):
         raise InputError(f"refusing to replace '{out}': it is not empty and has no {MANIFEST_NAME}")
-
-
-def _install(tmp: Path, out: Path) -> None:
-    """Move the finished engine into place; the old one is removed only after the swap."""
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-    os.replace(out, old)
-    try:
-        os.replace(tmp, out)
-    except BaseException:
-        os.replace(old, out)  # put the previous engine back
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path) -> Manifest:

@@ -1,0 +1,64 @@
+"""`convert` refuses what would destroy its input, and finds bad arguments before any slow work (no work dir, no
+staged output left behind)."""
+
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from eagle_trt.cli.app import app
+
+cli = CliRunner()
+
+
+def convert(*args):
+    return cli.invoke(app, ["convert", *map(str, args)])
+
+
+@pytest.fixture
+def model(tiny_model_dir, tmp_path):
+    """A private copy: these tests try to make convert delete it."""
+    return shutil.copytree(tiny_model_dir, tmp_path / "models" / "tiny")
+
+
+@pytest.mark.parametrize("where, words", [
+    (lambda m: m, "is the model being converted"),
+    (lambda m: m.parent, "holds the model being converted"),
+    (lambda m: m / "ckpt", "lies inside the model being converted"),
+])
+def test_output_overlapping_the_model_is_refused_even_with_force(model, where, words):
+    before = sorted(p.name for p in model.iterdir())
+    r = convert(model, "--output", where(model), "--force")
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("Error: --output ") and words in r.stderr
+    assert sorted(p.name for p in model.iterdir()) == before
+
+
+def test_output_overlapping_the_shipped_head_is_refused(model, tmp_path):
+    from conftest import write_random_head
+
+    head = write_random_head(tmp_path / "out" / "heads" / "h")
+    r = convert(model, "--output", tmp_path / "out", "--head", head, "--force")
+    assert r.exit_code == 2 and "holds the --head being shipped" in r.stderr
+    assert (head / "model.safetensors").is_file()
+
+
+def test_draft_vocab_larger_than_the_target_is_refused_before_the_data(model, tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "hello there"}\n')
+    r = convert(model, "--output", tmp_path / "ckpt", "--steps", "2", "--data", data, "--draft-vocab-size", "100000")
+    assert r.exit_code == 2 and "--draft-vocab-size 100000 exceeds the target's vocabulary (260)" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl", "models"]  # no .ckpt.train, no staged dir
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("missing.jsonl", "--data file not found"),
+    ("notes.csv", "unknown format .csv"),
+])
+def test_bad_data_is_refused_before_the_model_loads(model, tmp_path, monkeypatch, spec, message):
+    (tmp_path / "notes.csv").write_text("a,b\n")
+    import eagle_trt.convert.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "load_target", lambda *a, **k: pytest.fail("the model was loaded"))
+    r = convert(model, "--output", tmp_path / "ckpt", "--steps", "2", "--data", tmp_path / spec)
+    assert r.exit_code == 2 and message in r.stderr
