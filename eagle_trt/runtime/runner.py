@@ -222,24 +222,24 @@ class Runner:
                 self.drafter.extend(torch.cat(feats), torch.tensor(nexts))
                 carry_draft_s, misses = time.perf_counter() - t, 0
             n = self.cache.length
-            # A step emits at most depth + 1 tokens and its deepest node sits at position n + depth: no node is
-            # drafted past the last token still to emit, nor past the model's last position.
-            depth = min(opts.draft_length, left() - 1, self.max_positions - 1 - n)
-            if depth < 1:  # the root's own forward gives the last token
+            # A step emits at most depth + 1 tokens and its deepest node sits at position n + depth: no node (drafted
+            # or copied) goes past the last token still to emit, nor past the model's last position.
+            room = min(left() - 1, self.max_positions - 1 - n)
+            if room < 1:  # the root's own forward gives the last token
                 nxt, _ = self._plain_step(root, need_aux=False)
                 if not emit([nxt]):
                     metrics.stop_reason = "context"
                 return
             t_draft = time.perf_counter()
             if layouts is None:
-                tree = self.drafter.draft_dynamic(root, opts.beam_width, depth, opts.total_tokens,
-                                                  opts.confidence_threshold)
+                tree = self.drafter.draft_dynamic(root, opts.beam_width, min(opts.draft_length, room),
+                                                  opts.total_tokens, opts.confidence_threshold)
             else:
-                tree = self.drafter.draft_static(root, layouts.within(depth))
+                tree = self.drafter.draft_static(root, layouts.within(room))
             # Node indices: the head's nodes first, then the context's copies, then the datastore's.
             drafted = copied = tree.tokens.numel()
             if index is not None:
-                chains = copied_chains(index, self.datastore, min(opts.lookup_tokens, depth), opts.lookup_branches,
+                chains = copied_chains(index, self.datastore, min(opts.lookup_tokens, room), opts.lookup_branches,
                                        opts.datastore_branches)
                 budget = copy_budget(opts.max_verify_rows, tree.tokens.numel())
                 tree, copied = with_lookup(tree, *within_rows(*chains, budget))
