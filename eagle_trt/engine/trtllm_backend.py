@@ -21,7 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from eagle_trt.engine.trtllm_bundle import LEGACY_DIR, OPTIONS_NAME
+from eagle_trt.engine.trtllm_bundle import LEGACY_DIR, OPTIONS_NAME, read_meta
+from eagle_trt.engine.trtllm_lines import DEFAULT_LINE, LINES, line_for
 from eagle_trt.errors import EagleError, InputError, MissingDependencyError
 
 INSTALL_HINT = (
@@ -87,8 +88,38 @@ def read_options(root: Path) -> dict:
     return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
+def bundle_line(root: Path) -> str:
+    """The TensorRT-LLM line a bundle was written for (bundles without trtllm.json predate lines: 1.2 names)."""
+    meta = read_meta(root)
+    return meta["trtllm_version"] if meta else "1.2"
+
+
+def line_mismatch(root: Path, version: str | None = None) -> str | None:
+    """Why the installed TensorRT-LLM cannot read this bundle's fields, or None when its line matches."""
+    version = version or installed_version()
+    want, have = bundle_line(root), line_for(version)
+    if have is None:
+        return f"TensorRT-LLM {version} is older than 1.2, the oldest line eagle-trt writes bundles for"
+    if have.name != want:
+        return (f"the bundle is for TensorRT-LLM {want} but {version} (line {have.name}) is installed: "
+                f"rebuild it with --trtllm-version {have.name}")  # fmt: skip
+    return None
+
+
+def _field_names(cls) -> set[str]:
+    """A pydantic model's field names and validation aliases."""
+    names = set(cls.model_fields)
+    for info in cls.model_fields.values():
+        choices = getattr(getattr(info, "validation_alias", None), "choices", None) or []
+        names |= {c for c in choices if isinstance(c, str)}
+    return names
+
+
 def llm_kwargs(root: Path, options: dict, speculative: bool = True) -> dict:
-    """LLM(...) keyword arguments from the bundle's YAML: config objects built, paths made absolute."""
+    """LLM(...) keyword arguments from the bundle's YAML: config objects built, paths made absolute.
+
+    Every speculative field must exist in the installed Eagle3DecodingConfig: the 1.3+ classes forbid
+    unknown fields, and a missing one is named here in one line instead of in a validation dump."""
     from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig
 
     root = Path(root).resolve()
@@ -97,6 +128,13 @@ def llm_kwargs(root: Path, options: dict, speculative: bool = True) -> dict:
     if speculative and options.get("speculative_config"):
         spec = dict(options["speculative_config"])
         spec["speculative_model"] = str((root / spec["speculative_model"]).resolve())
+        unknown = sorted(set(spec) - _field_names(Eagle3DecodingConfig))
+        if unknown:
+            raise InputError(
+                f"the installed TensorRT-LLM {installed_version()} has no Eagle3DecodingConfig field "
+                f"{', '.join(unknown)} (bundle line {bundle_line(root)})",
+                hint="rebuild the bundle with the --trtllm-version of the installed release",
+            )
         kwargs["speculative_config"] = Eagle3DecodingConfig(**spec)
     return kwargs
 
@@ -117,11 +155,13 @@ def load_llm(root: Path, options: dict, speculative: bool = True):
 
 def validate_bundle(root: Path) -> dict:
     """Load the bundle with LLM(...) and generate a few tokens; {'validated': False, 'reason'} if impossible."""
-    status = {"validated": False, "tensorrt_llm": installed_version(), "reason": None}
+    meta = read_meta(root) or {}
+    status = {"validated": False, "tensorrt_llm": installed_version(), "reason": None,
+              "trtllm_version": meta.get("trtllm_version", "1.2"), "tree": meta.get("tree")}  # fmt: skip
     if (Path(root) / LEGACY_DIR).is_dir():
         status["reason"] = "EAGLE-1/2 head: build the TensorRT engine with legacy_trt/trtllm_build.sh"
         return status
-    status["reason"] = validation_blocker()
+    status["reason"] = validation_blocker() or line_mismatch(root)
     if status["reason"] is not None:
         return status
     from tensorrt_llm import SamplingParams
@@ -185,7 +225,7 @@ class TrtllmRunner:
 
     def __init__(self, root: Path, options: dict):
         self.root, self.options = Path(root), options
-        self._llm, self._key = None, None
+        self._llm, self._key, self._tree = None, None, "none"
 
     @classmethod
     def open(cls, engine) -> "TrtllmRunner":
@@ -196,29 +236,34 @@ class TrtllmRunner:
                 f"'{engine.root}' holds an EAGLE-1/2 head, which TensorRT-LLM runs as a TensorRT engine only",
                 hint=f"build it with {LEGACY_DIR}/trtllm_build.sh, then run TensorRT-LLM's examples/run.py",
             )
+        mismatch = line_mismatch(engine.root)
+        if mismatch:
+            raise InputError(mismatch)
         return cls(engine.root, read_options(engine.root))
 
     def _options_for(self, opts) -> tuple[dict, bool]:
+        """The bundle's options with run-time tree and sampling settings, in the fields of the bundle's line."""
+        line = LINES.get(bundle_line(self.root), LINES[DEFAULT_LINE])
         options = dict(self.options)
         spec = dict(options["speculative_config"])
-        if opts.tree == "chain":
-            for k in ("use_dynamic_tree", "dynamic_tree_max_topK", "max_total_draft_tokens", "eagle_choices"):
-                spec.pop(k, None)
-            spec["max_draft_len"] = opts.draft_length
-        elif opts.tree == "dynamic":
-            spec.pop("eagle_choices", None)
-            spec.update(max_draft_len=opts.draft_length, use_dynamic_tree=True,
-                        dynamic_tree_max_topK=opts.beam_width, max_total_draft_tokens=opts.total_tokens)  # fmt: skip
-        elif opts.static_tree:
-            for k in ("use_dynamic_tree", "dynamic_tree_max_topK"):
-                spec.pop(k, None)
-            spec.update(eagle_choices=opts.static_tree, max_draft_len=max(len(p) for p in opts.static_tree),
-                        max_total_draft_tokens=len(opts.static_tree))  # fmt: skip
+        for key in ("use_dynamic_tree", "dynamic_tree_max_topK", "max_total_draft_tokens", "eagle_choices"):
+            spec.pop(key, None)
+        spec["max_draft_len"] = opts.draft_length
+        if opts.tree == "static" and opts.mode == "eagle":
+            raise InputError(f"--tree static: {line.releases} runs no static trees; use --tree chain"
+                             + (" or dynamic" if line.runs_trees else ""))  # fmt: skip
+        if opts.tree == "dynamic" and line.runs_trees:
+            spec.update(use_dynamic_tree=True, dynamic_tree_max_topK=opts.beam_width,
+                        max_total_draft_tokens=opts.total_tokens)  # fmt: skip
+        # (a line without trees drafts a chain of max_draft_len whatever --tree says; the metrics say so)
         posterior = getattr(opts, "posterior_threshold", None)
-        if posterior is not None:  # typical acceptance: lossy, opt-in, TensorRT-LLM's own field
-            spec.update(greedy_sampling=False, posterior_threshold=posterior)
-        if _temperature(opts) > 0:
-            spec["allow_advanced_sampling"] = True  # non-greedy sampling with one-model speculation
+        if posterior is not None and opts.mode == "eagle":
+            if not line.typical_acceptance:
+                raise InputError(f"--posterior-threshold: {line.releases} has no typical acceptance "
+                                 "(posterior_threshold was removed); leave it out for lossless greedy acceptance")
+            spec.update(greedy_sampling=False, posterior_threshold=posterior)  # lossy, opt-in
+        if _temperature(opts) > 0 and "allow_advanced_sampling" in line.runtime_fields:
+            spec["allow_advanced_sampling"] = True  # 1.2: non-greedy sampling with one-model speculation
         options["speculative_config"] = spec
         return options, opts.mode == "eagle"
 
@@ -228,6 +273,8 @@ class TrtllmRunner:
         if self._key != key:
             self.close()
             self._llm, self._key = load_llm(self.root, options, speculative), key
+            spec = options["speculative_config"]
+            self._tree = ("dynamic" if spec.get("use_dynamic_tree") else "chain") if speculative else "none"
             atexit.register(self.close)  # TensorRT-LLM's executor workers must be shut down
         return self._llm
 
@@ -259,6 +306,7 @@ class TrtllmRunner:
                                 stop_reason=str(completion.finish_reason or ""),
                                 decoding_iterations=int(getattr(completion, "decoding_iter", 0) or 0),
                                 extra={"temperature": _temperature(opts),
+                                       "trtllm_tree": self._tree,
                                        "lossy": getattr(opts, "posterior_threshold", None) is not None
                                        and opts.mode == "eagle",
                                        "rejections": 0, "fallbacks": 0, "fallback_tokens": 0})  # fmt: skip

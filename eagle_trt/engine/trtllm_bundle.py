@@ -1,21 +1,20 @@
 """The TensorRT-LLM side of an engine dir, as plain files: nothing here imports tensorrt_llm.
 
-For an EAGLE-3 head (the LLM API's PyTorch backend):
+A bundle is written for one TensorRT-LLM release line (`trtllm_version`, eagle_trt.engine.trtllm_lines)
+and holds only fields that line defines. For an EAGLE-3 head (the LLM API's PyTorch backend):
 
     extra_llm_api_options.yaml   speculative_config (Eagle3), kv_cache_config, request limits
-    serve.sh                     trtllm-serve on ./target with that YAML (executable)
-    bench.sh                     trtllm-bench throughput with that YAML (executable)
+    trtllm.json                  the line, the tree it runs, the served model name
+    serve.sh, bench.sh           trtllm-serve / trtllm-bench from any directory (eagle_trt.engine.trtllm_scripts)
+    validate.py                  spec == no-spec check that needs only TensorRT-LLM (eagle_trt.engine.trtllm_validate)
 
-For an EAGLE-1/2 head (TensorRT-LLM's legacy TensorRT-engine flow; the PyTorch backend runs
-EAGLE-3 only):
+For an EAGLE-1/2 head (TensorRT-LLM 1.2's legacy TensorRT-engine flow, which later lines removed):
 
     legacy_trt/config.json       EagleForCausalLM checkpoint config (max_draft_len, num_eagle_layers, ...)
     legacy_trt/trtllm_build.sh   weight conversion + the exact `trtllm-build --speculative_decoding_mode eagle`
 
-Field names follow TensorRT-LLM TRTLLM_VERSION (see docs/trtllm.md for the mapping table and
-tests/fixtures/trtllm_schema.json for the recorded schema). Paths inside the YAML are relative to
-the engine dir (`./target`, `./draft`), so the scripts cd there first; this keeps an engine movable
-and two builds of the same inputs byte-identical.
+Paths inside the YAML are relative to the engine dir (`./draft`), so two builds of the same inputs
+are byte-identical; the scripts hand TensorRT-LLM absolute paths (see docs/trtllm.md).
 
     >>> from eagle_trt.config import EagleConfig
     >>> check_trtllm_config(EagleConfig(dtype="bfloat16", tree="chain"))
@@ -26,23 +25,41 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 from pathlib import Path
 
 import yaml
 
+from eagle_trt.engine import trtllm_hf_files, trtllm_scripts
+from eagle_trt.engine.trtllm_lines import LINES, Line
 from eagle_trt.errors import ConfigError
 
-TRTLLM_VERSION = "1.2.1"  # the release whose LLM API field names the generated files use
-OPTIONS_NAME = "extra_llm_api_options.yaml"
+OPTIONS_NAME = trtllm_scripts.OPTIONS_NAME
+META_NAME = "trtllm.json"
 SERVE_NAME = "serve.sh"
 BENCH_NAME = "bench.sh"
+VALIDATE_NAME = "validate.py"
 LEGACY_DIR = "legacy_trt"
 TRTLLM_DTYPES = ("float16", "bfloat16")  # weight dtypes the TensorRT-LLM kernels serve
 LEGACY_MAX_DRAFT = 256
+_DRAFT_REF = "./draft"  # the YAML's draft path; the scripts replace this exact text with an absolute path
+
+
+draft_tensor_names = trtllm_hf_files.draft_tensor_names
+
+
+def line_of(cfg) -> Line:
+    return LINES[cfg.trtllm_version]
+
+
+def runs_tree(cfg) -> bool:
+    """Whether the bundle's line will draft a tree for this config (else a chain of draft_length)."""
+    return cfg.tree != "chain" and line_of(cfg).runs_trees
 
 
 def check_trtllm_config(cfg) -> list[str]:
     """Raise ConfigError for settings TensorRT-LLM cannot honour; return warnings for ones it ignores."""
+    line = line_of(cfg)
     if cfg.dtype not in TRTLLM_DTYPES:
         raise ConfigError(
             f"dtype {cfg.dtype} is not supported by backend trtllm (use {' or '.join(TRTLLM_DTYPES)})"
@@ -53,20 +70,29 @@ def check_trtllm_config(cfg) -> list[str]:
             f"kv_cache_dtype {kv} is not supported by backend trtllm with dtype {cfg.dtype} "
             f"(use auto, {cfg.dtype} or fp8)"
         )
-    if cfg.tree == "dynamic" and cfg.total_tokens > cfg.max_beam_width * cfg.draft_length:
+    if cfg.tree == "static" and line.runs_trees:
+        raise ConfigError(
+            f'tree static: {line.releases} have no static trees (eagle_choices was removed); use tree: dynamic '
+            'or chain, or build for trtllm_version "1.2", which runs a chain'
+        )
+    if runs_tree(cfg) and cfg.total_tokens > cfg.max_beam_width * cfg.draft_length:
         raise ConfigError(
             f"total_tokens ({cfg.total_tokens}) exceeds max_beam_width x draft_length "
             f"({cfg.max_beam_width} x {cfg.draft_length} = {cfg.max_beam_width * cfg.draft_length}): "
             "TensorRT-LLM's dynamic tree cannot hold that many draft tokens"
         )
     warnings = []
+    if cfg.tree != "chain" and not line.runs_trees:
+        warnings.append(
+            f"{line.releases} runs EAGLE-3 as a chain of max_draft_len = draft_length ({cfg.draft_length}) tokens "
+            f"per step: tree {cfg.tree} (total_tokens, max_beam_width) is not in this bundle; "
+            'trtllm_version "1.3+" runs dynamic trees'
+        )
     if cfg.confidence_threshold > 0:
         warnings.append(
             f"confidence_threshold {cfg.confidence_threshold} has no TensorRT-LLM equivalent and is "
             "ignored by backend trtllm (output stays lossless; trees are just not pruned)"
         )
-    if cfg.tree == "static":
-        warnings.append("TensorRT-LLM marks static trees (eagle_choices) as under development")
     if cfg.lookup_tokens > 0:
         warnings.append(
             f"lookup_tokens {cfg.lookup_tokens}: prompt-lookup branches are a torch-engine feature; TensorRT-LLM "
@@ -76,8 +102,16 @@ def check_trtllm_config(cfg) -> list[str]:
 
 
 def check_trtllm_head(cfg, head_kind: str) -> None:
-    """Limits that depend on the head: the legacy EAGLE-1/2 engine holds at most 256 draft tokens."""
-    if head_kind == "eagle1" and cfg.total_tokens > LEGACY_MAX_DRAFT:
+    """Limits that depend on the head: EAGLE-1/2 heads need 1.2's legacy engine flow, at most 256 draft tokens."""
+    if head_kind != "eagle1":
+        return
+    line = line_of(cfg)
+    if not line.legacy_engine_flow:
+        raise ConfigError(
+            f"this EAGLE-1/2 head needs TensorRT-LLM's legacy TensorRT-engine flow, which {line.releases} no "
+            'longer have: build it with trtllm_version "1.2" (--trtllm-version 1.2), or train an EAGLE-3 head'
+        )
+    if cfg.total_tokens > LEGACY_MAX_DRAFT:
         raise ConfigError(
             f"total_tokens ({cfg.total_tokens}) exceeds {LEGACY_MAX_DRAFT}, the most draft tokens "
             "TensorRT-LLM's legacy EAGLE engine (max_draft_len) supports"
@@ -85,22 +119,20 @@ def check_trtllm_head(cfg, head_kind: str) -> None:
 
 
 def speculative_config(cfg, aux_layer_ids: list[int]) -> dict:
-    """Eagle3DecodingConfig fields. Greedy acceptance only: the output equals plain greedy decoding."""
-    spec: dict = {"decoding_type": "Eagle3", "max_draft_len": cfg.draft_length, "speculative_model": "./draft",
-                  "eagle3_one_model": True, "greedy_sampling": True}  # fmt: skip
-    if cfg.tree == "dynamic":
+    """Eagle3DecodingConfig fields of the config's line. Greedy acceptance: the output equals plain greedy decoding."""
+    spec: dict = {"decoding_type": "Eagle3", "max_draft_len": cfg.draft_length, "speculative_model": _DRAFT_REF}
+    if runs_tree(cfg):  # dynamic: static trees were refused for lines that run trees
         spec.update(use_dynamic_tree=True, dynamic_tree_max_topK=cfg.max_beam_width,
                     max_total_draft_tokens=cfg.total_tokens)  # fmt: skip
-    elif cfg.tree == "static":
-        spec.update(max_draft_len=max(len(p) for p in cfg.static_tree),
-                    max_total_draft_tokens=len(cfg.static_tree), eagle_choices=cfg.static_tree)  # fmt: skip
     if aux_layer_ids:  # TensorRT-LLM's default is modelopt's; the head's own ids always win
         spec["eagle3_layers_to_capture"] = sorted(aux_layer_ids)
+    extra = set(spec) - line_of(cfg).speculative_fields
+    assert not extra, f"fields outside line {cfg.trtllm_version}: {extra}"  # an invariant of this module
     return spec
 
 
 def llm_api_options(cfg, aux_layer_ids: list[int]) -> dict:
-    """Everything extra_llm_api_options.yaml holds (TorchLlmArgs field names)."""
+    """Everything extra_llm_api_options.yaml holds (TorchLlmArgs field names of the line)."""
     spec = speculative_config(cfg, aux_layer_ids)
     tree_tokens = spec.get("max_total_draft_tokens", spec["max_draft_len"])
     return {
@@ -114,6 +146,24 @@ def llm_api_options(cfg, aux_layer_ids: list[int]) -> dict:
         "kv_cache_config": {"dtype": "fp8" if cfg.resolved_kv_cache_dtype == "fp8" else "auto"},
         "speculative_config": spec,
     }
+
+
+def bundle_meta(cfg, options: dict) -> dict:
+    """trtllm.json: what the bundle is for, read by validate.py, `inspect` and `run`."""
+    from eagle_trt import __version__
+
+    line, spec = line_of(cfg), options["speculative_config"]
+    return {
+        "eagle_trt": __version__, "name": cfg.name, "trtllm_version": line.name, "releases": line.releases,
+        "tree": "dynamic" if spec.get("use_dynamic_tree") else "chain", "max_draft_len": spec["max_draft_len"],
+        "max_total_draft_tokens": spec.get("max_total_draft_tokens", spec["max_draft_len"]),
+        "served_model_name": cfg.name, "transformers_pin": line.transformers_pin,
+    }  # fmt: skip
+
+
+def read_meta(root: Path) -> dict | None:
+    path = Path(root) / META_NAME
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def legacy_checkpoint_config(cfg, target: dict, draft: dict) -> dict:
@@ -171,38 +221,35 @@ HF_QUANT_CONFIG = {
 
 
 def write_bundle(cfg, head_kind: str, aux_layer_ids: list[int], target: dict, draft: dict, root: Path) -> list[str]:
-    """Write the TensorRT-LLM files into root; return their relative paths."""
+    """Write the TensorRT-LLM files into root (the build's temp dir); return their relative paths."""
     from eagle_trt import __version__
 
-    header = f"# Generated by eagle-trt {__version__} for TensorRT-LLM {TRTLLM_VERSION} (engine '{cfg.name}').\n"
+    line = line_of(cfg)
+    header = (f"# Generated by eagle-trt {__version__} for {line.releases} "
+              f"(trtllm_version {line.name}, engine '{cfg.name}').\n")  # fmt: skip
+    trtllm_hf_files.rewrite_dir(root)
     if head_kind == "eagle1":
         (root / LEGACY_DIR).mkdir()
         conf = legacy_checkpoint_config(cfg, target, draft)
         (root / LEGACY_DIR / "config.json").write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n")
-        _script(root / LEGACY_DIR / "trtllm_build.sh", header + _legacy_script(cfg))
+        _script(root / LEGACY_DIR / "trtllm_build.sh", "#!/usr/bin/env bash\n" + header + _legacy_script(cfg))
         return [f"{LEGACY_DIR}/config.json", f"{LEGACY_DIR}/trtllm_build.sh"]
     options = llm_api_options(cfg, aux_layer_ids)
     text = yaml.safe_dump(options, sort_keys=False, default_flow_style=None)
-    (root / OPTIONS_NAME).write_text(header + "# Paths are relative to the engine dir: run from there.\n" + text)
-    _script(root / SERVE_NAME, header + _SERVE)
-    _script(root / BENCH_NAME, header + _BENCH.replace("@NAME@", shlex.quote(cfg.name)))
-    return [OPTIONS_NAME, SERVE_NAME, BENCH_NAME]
+    if f"speculative_model: {_DRAFT_REF}\n" not in text:  # the scripts rewrite exactly this line
+        raise AssertionError(f"unexpected YAML for speculative_model: {text!r}")
+    (root / OPTIONS_NAME).write_text(header + "# speculative_model is relative to this file's dir; serve.sh, bench.sh "
+                                     "and validate.py make it absolute.\n" + text)  # fmt: skip
+    (root / META_NAME).write_text(json.dumps(bundle_meta(cfg, options), indent=2, sort_keys=True) + "\n")
+    _script(root / SERVE_NAME, trtllm_scripts.serve_script(cfg.name, header))
+    _script(root / BENCH_NAME, trtllm_scripts.bench_script(cfg.name, header))
+    shutil.copyfile(Path(__file__).with_name("trtllm_validate.py"), root / VALIDATE_NAME)
+    (root / VALIDATE_NAME).chmod(0o755)
+    return [OPTIONS_NAME, META_NAME, SERVE_NAME, BENCH_NAME, VALIDATE_NAME]
 
 
 _STRICT = "set -euo pipefail\n"
 _CD = 'cd "$(dirname "${BASH_SOURCE[0]}")"  # every path below is relative to this script\'s dir\n'
-_SERVE = f"""# OpenAI-compatible server: ./serve.sh [more trtllm-serve options]; HOST and PORT override the address.
-{_STRICT}{_CD}exec trtllm-serve ./target --tokenizer ./tokenizer --backend pytorch \\
-    --host "${{HOST:-0.0.0.0}}" --port "${{PORT:-8000}}" \\
-    --extra_llm_api_options {OPTIONS_NAME} "$@"
-"""
-_BENCH = f"""# Throughput benchmark: ./bench.sh DATASET.jsonl [more trtllm-bench throughput options]
-# (make a dataset with TensorRT-LLM's benchmarks/cpp/prepare_dataset.py).
-{_STRICT}dataset="$(realpath "${{1:?usage: bench.sh DATASET.jsonl [trtllm-bench throughput options]}}")"
-shift
-{_CD}exec trtllm-bench --model @NAME@ --model_path ./target throughput --backend pytorch \\
-    --dataset "$dataset" --extra_llm_api_options {OPTIONS_NAME} "$@"
-"""
 
 
 def _legacy_script(cfg) -> str:
@@ -221,6 +268,6 @@ cp config.json ckpt/config.json
 """
 
 
-def _script(path: Path, body: str) -> None:
-    path.write_text("#!/usr/bin/env bash\n" + body, encoding="utf-8")
+def _script(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
     path.chmod(0o755)
