@@ -19,6 +19,9 @@ def build(
     backend: Annotated[Optional[str], typer.Option(
         help="torch or trtllm (overrides backend in the config). trtllm also writes extra_llm_api_options.yaml, "
         "serve.sh and bench.sh for TensorRT-LLM, and validates them where TensorRT-LLM and a GPU exist.")] = None,
+    trtllm_version: Annotated[Optional[str], typer.Option(
+        "--trtllm-version", help='TensorRT-LLM release line the trtllm bundle is for: 1.2 (stable; EAGLE-3 runs a '
+        'chain) or 1.3+ (1.3 release candidates, 1.4, main; dynamic trees). Overrides trtllm_version; default 1.3+.')] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check everything (paths, head vs target shapes, "
                                           "dtypes and tree limits of the backend); write nothing.")] = False,
     json_out: JsonOpt = False,
@@ -31,19 +34,20 @@ def build(
 
     Example: eagle-trt build --config configs/eagle_config.yaml --checkpoint checkpoints/smollm2 --json
     """
-    handle_errors(_build)(config, checkpoint, output, backend, dry_run, json_out)
+    handle_errors(_build)(config, checkpoint, output, backend, trtllm_version, dry_run, json_out)
 
 
 build.__doc__ += "\n\n    " + EXIT_CODES_HELP  # indented like the docstring, so help dedents it
 
 
-def _build(config, checkpoint, output, backend, dry_run, json_out) -> None:
+def _build(config, checkpoint, output, backend, trtllm_version, dry_run, json_out) -> None:
     from dataclasses import asdict
 
     from eagle_trt.config import load_config, override_config
     from eagle_trt.engine.builder import build_engine
 
     cfg = override_config(load_config(config), {"backend": backend}, source="--backend")
+    cfg = override_config(cfg, {"trtllm_version": trtllm_version}, source="--trtllm-version")
     summary = build_engine(cfg, checkpoint_dir=checkpoint, output_dir=output, dry_run=dry_run)
     for warning in summary.warnings:
         err_console.print(f"Warning: {warning}", soft_wrap=True, markup=False)
@@ -67,5 +71,8 @@ def _build(config, checkpoint, output, backend, dry_run, json_out) -> None:
     console.print(table)
     console.print(f"[green]Built[/] {summary.engine_dir} ({summary.backend}, {summary.dtype}, "
                   f"kv {summary.kv_cache_dtype}) in {summary.seconds:.1f}s")
+    if summary.trtllm is not None:
+        console.print(f"TensorRT-LLM line {summary.trtllm['trtllm_version']}: EAGLE-3 {summary.trtllm['tree']} "
+                      f"(trtllm.json); check it on a GPU machine with {summary.engine_dir}/validate.py", markup=False)
     if summary.trtllm is not None and summary.trtllm["validated"]:
         console.print(f"[green]Validated on TensorRT-LLM {summary.trtllm['tensorrt_llm']}[/] (loaded with LLM(...))")

@@ -35,10 +35,20 @@ def _inspect(engine, json_out, skip_verify) -> None:
     eng = open_engine(engine, verify=not skip_verify)
     manifest = eng.manifest.model_dump(mode="json")
     if json_out:
+        if "trtllm.json" in manifest["files"]:  # the TensorRT-LLM line beside the manifest
+            from eagle_trt.engine.trtllm_bundle import read_meta
+
+            manifest = {**manifest, "trtllm": read_meta(eng.root)}
         print_json(manifest)
         return
     console.print(Syntax(json.dumps(manifest, indent=2), "json", word_wrap=True))
     console.print(f"[green]{'files not verified (--skip-verify)' if skip_verify else 'all file hashes match'}[/]")
+    if "trtllm.json" in manifest["files"]:
+        from eagle_trt.engine.trtllm_bundle import read_meta
+
+        meta = read_meta(eng.root)
+        console.print(f"TensorRT-LLM line {meta['trtllm_version']} ({meta['releases']}): EAGLE-3 {meta['tree']}, "
+                      f"max_draft_len {meta['max_draft_len']}, served as '{meta['served_model_name']}'", markup=False)
     if "serve.sh" in manifest["files"]:
         console.print(f"TensorRT-LLM: {Path(engine) / 'serve.sh'} serves it (trtllm-serve, PyTorch backend)")
     elif "legacy_trt/trtllm_build.sh" in manifest["files"]:

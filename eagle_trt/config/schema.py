@@ -60,6 +60,13 @@ class EagleConfig(BaseModel):
         None, min_length=1, description="Output dir of `eagle-trt convert` (holds target/ and draft/)."
     )
     backend: Literal["torch", "trtllm"] = Field("torch", description="Runtime that executes the engine.")
+    trtllm_version: Literal["1.2", "1.3+"] = Field(
+        "1.3+",
+        description='TensorRT-LLM release line a trtllm bundle is written for (backend trtllm only): "1.2" (1.2.x, '
+        "the stable line; its EAGLE-3 runs a chain of draft_length tokens, no trees) or \"1.3+\" (1.3 release "
+        "candidates, 1.4 and main: chain or dynamic tree). The bundle holds only fields that line defines. A quoted "
+        "string in YAML.",
+    )
     dtype: Literal["float32", "float16", "bfloat16"] = Field(
         "float32",
         description="Engine weight dtype. CPU: float32 everywhere; bfloat16 on CPUs with AMX or AVX512-BF16 "
@@ -123,6 +130,14 @@ class EagleConfig(BaseModel):
                 "must be a plain directory name: letters, digits, '.', '_' or '-', "
                 "not starting with '.' or '-'",
             )
+        return value
+
+    @field_validator("trtllm_version", mode="before")
+    @classmethod
+    def _quoted_line(cls, value):
+        # YAML reads an unquoted 1.2 as a float; say how to write it rather than "Input should be ...".
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise PydanticCustomError("trtllm_version", 'quote the line, e.g. trtllm_version: "1.2" (or "1.3+")')
         return value
 
     @property

@@ -187,8 +187,12 @@ def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path) -> Manifes
         shutil.copyfile(src, root / "target" / src.name)
 
     # Tensor names stay as in the checkpoint: the runtime tells official (midlayer.*) heads from
-    # modelopt (layers.0.*) ones by name, and they normalise the hidden input differently.
-    _save(_load(plan.draft_weights), root / "draft" / "model.safetensors", cfg.dtype)
+    # modelopt (layers.0.*) ones by name, and they normalise the hidden input differently. A trtllm
+    # bundle takes TensorRT-LLM's names instead (its EAGLE-3 draft calls the decoder layer midlayer).
+    draft_tensors = _load(plan.draft_weights)
+    if trt and plan.head_kind == "eagle3":
+        draft_tensors = trtllm_bundle.draft_tensor_names(draft_tensors, plan.architecture.num_hidden_layers)
+    _save(draft_tensors, root / "draft" / "model.safetensors", cfg.dtype)
     _write_json(root / "draft" / "config.json", _with_dtype(plan.engine_draft_config, cfg.dtype, trt))
     for src in plan.tokenizer_files:
         shutil.copyfile(src, root / "tokenizer" / src.name)
