@@ -222,9 +222,9 @@ class Runner:
                 self.drafter.extend(torch.cat(feats), torch.tensor(nexts))
                 carry_draft_s, misses = time.perf_counter() - t, 0
             n = self.cache.length
-            # A step emits at most depth + 1 tokens and its deepest node sits at position n + depth: no node (drafted
-            # or copied) goes past the last token still to emit, nor past the model's last position.
-            room = min(left() - 1, self.max_positions - 1 - n)
+            # The deepest node sits at position n + depth: no node (drafted or copied) goes deeper than the tokens
+            # still to emit, nor past the model's last position.
+            room = min(left(), self.max_positions - 1 - n)
             if room < 1:  # the root's own forward gives the last token
                 nxt, _ = self._plain_step(root, need_aux=False)
                 if not emit([nxt]):
