@@ -1,0 +1,218 @@
+"""serve.sh, bench.sh and validate.py of a trtllm bundle, run for real with stand-ins for TensorRT-LLM.
+
+serve.sh and bench.sh run under bash from another working directory, in a bundle whose path has a
+space, a quote and an ampersand, with fake `trtllm-serve` / `trtllm-bench` first on PATH that record
+what they were given. validate.py runs in a fresh interpreter: without tensorrt_llm (exit 3), and
+with a fake tensorrt_llm (and a torch that reports a GPU) on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import write_random_head
+from eagle_trt.config import EagleConfig
+from eagle_trt.engine import build_engine
+from trtllm_fakes import VERSIONS, line_fields
+
+# Records argv, the YAML it was handed and what the model path is, then exits.
+FAKE_TOOL = """#!/usr/bin/env python3
+import json, os, sys
+args = sys.argv[1:]
+opts = args[args.index("--extra_llm_api_options") + 1]
+model = args[0] if os.path.basename(sys.argv[0]) == "trtllm-serve" else args[args.index("--model_path") + 1]
+json.dump({"argv": args, "cwd": os.getcwd(), "options_text": open(opts).read(), "model_is_link": os.path.islink(model),
+           "model_real": os.path.realpath(model)}, open(os.environ["FAKE_RECORD"], "w"))
+"""
+
+
+@pytest.fixture(scope="module")
+def bundles(tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("bundles")
+    ckpt = base / "ckpt"
+    shutil.copytree(tiny_model_dir, ckpt / "target")
+    write_random_head(ckpt / "draft")
+    out = {}
+    for line in ("1.2", "1.3+"):
+        cfg = EagleConfig(name="tiny-eng", backend="trtllm", dtype="bfloat16", trtllm_version=line, max_input_len=256,
+                          max_output_len=128, draft_length=4, total_tokens=12, max_beam_width=3, lookup_tokens=0)  # fmt: skip
+        out[line] = build_engine(cfg, ckpt, base / f'my "engines" & {line}' / "tiny-eng").engine_dir
+    return out
+
+
+@pytest.fixture
+def fake_tools(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("trtllm-serve", "trtllm-bench"):
+        (bin_dir / tool).write_text(FAKE_TOOL.replace("/usr/bin/env python3", sys.executable))
+        (bin_dir / tool).chmod(0o755)
+    record = tmp_path / "record.json"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_RECORD", str(record))
+    return record
+
+
+def run_script(script: Path, args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(script), *args], cwd=cwd, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})  # fmt: skip
+
+
+def test_serve_runs_from_anywhere_on_loopback_under_the_engine_name(bundles, fake_tools, tmp_path):
+    root = bundles["1.3+"]
+    elsewhere = tmp_path / "somewhere else"
+    elsewhere.mkdir()
+    out = run_script(root / "serve.sh", ["--log_level", "info"], cwd=elsewhere)
+    assert out.returncode == 0, out.stderr
+    rec = json.loads(fake_tools.read_text())
+    argv = rec["argv"]
+    # Served under the config's name: trtllm-serve names a local model after its directory.
+    assert Path(argv[0]).name == "tiny-eng" and rec["model_is_link"] and rec["model_real"] == str(root / "target")
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == "8000"
+    assert argv[argv.index("--tokenizer") + 1] == str(root / "tokenizer")
+    assert argv[-2:] == ["--log_level", "info"] and rec["cwd"] == str(elsewhere)
+    opts = yaml.safe_load(rec["options_text"])
+    assert opts["speculative_config"]["speculative_model"] == str(root / "draft")  # absolute, quote and & intact
+    assert Path(opts["speculative_config"]["speculative_model"]).is_dir()
+    shipped = yaml.safe_load((root / "extra_llm_api_options.yaml").read_text())
+    shipped["speculative_config"]["speculative_model"] = str(root / "draft")
+    assert opts == shipped  # nothing else changed
+    assert not Path(argv[0]).exists()  # the temp dir with the link is gone afterwards
+
+
+def test_serve_host_and_port_options_open_it(bundles, fake_tools, tmp_path):
+    out = run_script(bundles["1.2"] / "serve.sh", ["--host", "0.0.0.0", "--port=9001"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    argv = json.loads(fake_tools.read_text())["argv"]
+    assert (argv[argv.index("--host") + 1], argv[argv.index("--port") + 1]) == ("0.0.0.0", "9001")
+    assert argv.count("--host") == 1
+    out = run_script(bundles["1.2"] / "serve.sh", [], cwd=tmp_path, env={"HOST": "10.1.2.3"})
+    argv = json.loads(fake_tools.read_text())["argv"]
+    assert argv[argv.index("--host") + 1] == "10.1.2.3"
+
+
+def test_bench_takes_a_relative_dataset_from_the_callers_dir(bundles, fake_tools, tmp_path):
+    root = bundles["1.2"]
+    (tmp_path / "data.jsonl").write_text("{}\n")
+    out = run_script(root / "bench.sh", ["data.jsonl", "--num_requests", "4"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rec = json.loads(fake_tools.read_text())
+    argv = rec["argv"]
+    assert argv[:4] == ["--model", "tiny-eng", "--model_path", str(root / "target")]
+    assert argv[argv.index("--dataset") + 1] == "data.jsonl" and rec["cwd"] == str(tmp_path)
+    assert yaml.safe_load(rec["options_text"])["speculative_config"]["speculative_model"] == str(root / "draft")
+    assert run_script(root / "bench.sh", [], cwd=tmp_path).returncode != 0  # usage line, nothing run
+
+
+# ---- validate.py -------------------------------------------------------------------------------
+
+ALLOWED_IMPORTS = {"__future__", "argparse", "json", "re", "sys", "time", "pathlib", "yaml", "torch", "tensorrt_llm",
+                   "tensorrt_llm.llmapi"}  # fmt: skip
+
+
+def test_validate_imports_only_tensorrt_llm_and_the_stdlib(bundles):
+    tree = ast.parse((bundles["1.2"] / "validate.py").read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            names.add(node.module)
+    assert names <= ALLOWED_IMPORTS, names - ALLOWED_IMPORTS  # no eagle_trt, no modelopt
+
+
+def run_validate(root: Path, fake_dir: Path | None, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if fake_dir is not None:
+        env["PYTHONPATH"] = str(fake_dir)
+    return subprocess.run([sys.executable, str(root / "validate.py"), *args], cwd="/", capture_output=True,
+                          text=True, timeout=120, env=env)  # fmt: skip
+
+
+def test_validate_without_tensorrt_llm_exits_3(bundles):
+    out = run_validate(bundles["1.3+"], None)
+    assert out.returncode == 3 and out.stdout == ""
+    assert out.stderr.strip().startswith("validate: TensorRT-LLM is not installed (No module named 'tensorrt_llm')")
+
+
+FAKE_TORCH = "class cuda:\n    is_available = staticmethod(lambda: {gpu})\n    get_device_name = staticmethod(lambda i: 'FakeGPU')\n"
+FAKE_TRTLLM = '''__version__ = "{version}"
+import json, os
+from pathlib import Path
+ALLOWED = {fields}
+class SamplingParams:
+    def __init__(self, **kw): self.__dict__.update(kw)
+class _Out:
+    def __init__(self, ids, it): self.token_ids, self.decoding_iter, self.request_perf_metrics = ids, it, None
+class LLM:
+    def __init__(self, model, tokenizer=None, **kw):
+        assert Path(model).is_dir() and Path(tokenizer).is_dir(), (model, tokenizer)
+        self.spec = kw.get("speculative_config")
+        assert self.spec is None or Path(self.spec.speculative_model).is_absolute()
+    def generate(self, prompts, params):
+        ids = [5, 6, 7, 8] if (self.spec is not None and os.environ.get("FAKE_DIFFER")) else [5, 6, 7, 9]
+        return [type("R", (), {{"outputs": [_Out(ids[:params.max_tokens], 2 if self.spec else 4)]}})() for _ in prompts]
+    def shutdown(self): pass
+'''
+FAKE_LLMAPI = '''from tensorrt_llm import ALLOWED
+class _Strict:
+    def __init__(self, **kw):
+        bad = set(kw) - ALLOWED.get(type(self).__name__, set(kw))
+        if bad: raise ValueError(f"extra inputs are not permitted: {{sorted(bad)}}")
+        self.__dict__.update(kw)
+class Eagle3DecodingConfig(_Strict): pass
+class KvCacheConfig(_Strict): pass
+'''
+
+
+def fake_env(tmp_path: Path, line: str, gpu: bool = True) -> Path:
+    fake = tmp_path / f"fake-{line.replace('+', '')}-{gpu}"
+    (fake / "tensorrt_llm").mkdir(parents=True)
+    (fake / "torch").mkdir()
+    (fake / "torch" / "__init__.py").write_text(FAKE_TORCH.format(gpu=gpu))
+    fields = {"Eagle3DecodingConfig": line_fields(line, "Eagle3DecodingConfig")}
+    (fake / "tensorrt_llm" / "__init__.py").write_text(FAKE_TRTLLM.format(version=VERSIONS[line], fields=repr(fields)))
+    (fake / "tensorrt_llm" / "llmapi.py").write_text(FAKE_LLMAPI.format())
+    return fake
+
+
+@pytest.mark.parametrize("line", ["1.2", "1.3+"])
+def test_validate_compares_spec_with_plain_output(bundles, tmp_path, line):
+    out = run_validate(bundles[line], fake_env(tmp_path, line), "--max-tokens", "4", "--json", str(tmp_path / "v.json"))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == f"TensorRT-LLM {VERSIONS[line]}, bundle for line {line} ({'dynamic' if line == '1.3+' else 'chain'}), GPU FakeGPU"
+    assert lines[1] == ("prompt 1: 4 tokens in 2 iterations (2.00 tokens/iteration, 0/0 draft tokens accepted); "
+                        "speculative == plain: yes")
+    assert lines[-1].startswith("PASS: speculative output equals plain greedy output on 3 prompts")
+    report = json.loads((tmp_path / "v.json").read_text())
+    assert report["equal"] and report["prompts"][0]["tokens_per_iteration"] == 2.0
+
+
+def test_validate_fails_when_outputs_differ(bundles, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_DIFFER", "1")
+    out = run_validate(bundles["1.2"], fake_env(tmp_path, "1.2"), "--max-tokens", "4")
+    assert out.returncode == 1
+    assert "speculative == plain: NO" in out.stdout and out.stdout.strip().endswith("s)")
+    assert "FAIL: outputs differ on 3 prompts" in out.stdout
+
+
+def test_validate_refuses_a_bundle_of_another_line(bundles, tmp_path):
+    out = run_validate(bundles["1.2"], fake_env(tmp_path, "1.3+"))
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("validate: this bundle is for TensorRT-LLM 1.2 but 1.3.0rc27 is installed: "
+                                  "rebuild it with `eagle-trt build --trtllm-version 1.3+`")
+
+
+def test_validate_without_a_gpu_exits_3(bundles, tmp_path):
+    out = run_validate(bundles["1.3+"], fake_env(tmp_path, "1.3+", gpu=False))
+    assert out.returncode == 3 and "no CUDA GPU is visible" in out.stderr

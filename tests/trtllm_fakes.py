@@ -1,0 +1,139 @@
+"""Test helpers for the trtllm backend: the recorded schemas and contracts, and a fake tensorrt_llm.
+
+The fake enforces the contract of one TensorRT-LLM line: its Eagle3DecodingConfig, KvCacheConfig and
+LLM refuse any field the line's fixture (tests/fixtures/trtllm_contract_<line>.json) does not list,
+as the real strict pydantic classes do.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from datetime import timedelta
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SCHEMA = json.loads((FIXTURES / "trtllm_schema.json").read_text())
+CONTRACTS = {line: json.loads((FIXTURES / f"trtllm_contract_{line.replace('+', '')}.json").read_text())
+             for line in ("1.2", "1.3+")}  # fmt: skip
+VERSIONS = {"1.2": "1.2.1", "1.3+": "1.3.0rc27"}  # an installed release of each line, for the fake
+
+
+def line_fields(line: str, cls: str) -> set[str]:
+    """Field names (and aliases) of `cls` that every release checked for `line` defines."""
+    contract = CONTRACTS[line]
+    info = contract["extracted"]["classes"][cls]
+    names = set(info["fields"]) | set(info.get("aliases", {}))
+    for release in contract.get("releases_checked", {}).values():
+        if cls in release:
+            names &= set(release[cls]) | set(info.get("aliases", {}))
+    return names
+
+
+def contract_violations(doc: dict, line: str) -> list[str]:
+    """Keys of an extra_llm_api_options document that the line's classes do not define."""
+    bad = [f"{k}" for k in doc if k not in line_fields(line, "TorchLlmArgs")]
+    bad += [f"kv_cache_config.{k}" for k in doc.get("kv_cache_config", {}) if k not in line_fields(line, "KvCacheConfig")]
+    spec = doc.get("speculative_config", {})
+    bad += [f"speculative_config.{k}" for k in spec if k not in line_fields(line, "Eagle3DecodingConfig")]
+    return bad
+
+
+def _type_ok(value, spec: str) -> bool:
+    for t in spec.split("|"):
+        if (t == "null" and value is None) or (t == "bool" and isinstance(value, bool)):
+            return True
+        if t == "int" and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if t == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True
+        if (t == "str" and isinstance(value, str)) or (t == "object" and isinstance(value, dict)):
+            return True
+        if t == "list[int]" and isinstance(value, list) and all(type(v) is int for v in value):
+            return True
+        if t == "list[list[int]]" and isinstance(value, list) and all(
+            isinstance(p, list) and all(type(v) is int for v in p) for p in value
+        ):
+            return True
+    return False
+
+
+def check_types(doc: dict, section: dict, name: str, where: str = "") -> None:
+    """Every key has the recorded value type; every key eagle-trt always writes is present."""
+    schema = section[name]
+    where = where or name
+    missing = [k for k in schema["required"] if k not in doc]
+    assert not missing, f"{where}: missing {missing}"
+    for key, value in doc.items():
+        key = schema.get("aliases", {}).get(key, key)
+        assert key in schema["fields"], f"{where}.{key} has no recorded type"
+        spec = schema["fields"][key]
+        assert _type_ok(value, spec["type"]), f"{where}.{key} = {value!r} is not {spec['type']}"
+        if "enum" in spec:
+            assert value in spec["enum"], f"{where}.{key} = {value!r} not in {spec['enum']}"
+        if "min" in spec:
+            assert value >= spec["min"], f"{where}.{key} = {value} < {spec['min']}"
+        if "max" in spec:
+            assert value <= spec["max"], f"{where}.{key} = {value} > {spec['max']}"
+        if "schema" in spec:
+            check_types(value, section, spec["schema"], f"{where}.{key}")
+
+
+class _Strict:
+    cls = ""
+    line = "1.3+"
+
+    def __init__(self, **kwargs):
+        unknown = set(kwargs) - line_fields(self.line, self.cls)
+        if unknown:  # what pydantic's extra="forbid" reports
+            raise ValueError(f"{self.cls}: extra inputs are not permitted: {sorted(unknown)}")
+        self.__dict__.update(kwargs)
+
+
+class FakeLLM:
+    made: list = []
+    line = "1.3+"
+    differ = False  # speculative output differs from plain output (a lossless violation)
+
+    def __init__(self, model, tokenizer=None, **kwargs):
+        assert Path(model).is_dir() and Path(model).is_absolute() and Path(tokenizer).is_dir()
+        spec = kwargs.get("speculative_config")
+        assert spec is None or Path(spec.speculative_model).is_dir()
+        top = {k for k in kwargs if k not in ("speculative_config", "kv_cache_config")}
+        assert top <= line_fields(self.line, "TorchLlmArgs"), top - line_fields(self.line, "TorchLlmArgs")
+        self.model, self.kwargs, self.closed, self.calls = model, kwargs, False, []
+        FakeLLM.made.append(self)
+
+    def generate(self, inputs, sampling_params):
+        self.calls.append((inputs, sampling_params))
+        spec = self.kwargs.get("speculative_config") is not None
+        perf = types.SimpleNamespace(
+            speculative_decoding=types.SimpleNamespace(total_draft_tokens=8, total_accepted_draft_tokens=2,
+                                                       acceptance_rate=0.25),
+            timing_metrics=types.SimpleNamespace(arrival_time=timedelta(0), first_token_time=timedelta(milliseconds=5)),
+        )  # fmt: skip
+        ids = [72, 105, 34] if (spec and self.differ) else [72, 105, 33]
+        done = types.SimpleNamespace(token_ids=ids, finish_reason="length", decoding_iter=2 if spec else 3,
+                                     request_perf_metrics=perf)  # fmt: skip
+        return [types.SimpleNamespace(outputs=[done]) for _ in (inputs if isinstance(inputs, list) else [inputs])]
+
+    def shutdown(self):
+        self.closed = True
+
+
+class FakeSampling:
+    def __init__(self, **kwargs):
+        self.__dict__.update(kwargs)
+
+
+def fake_modules(line: str):
+    """(tensorrt_llm, tensorrt_llm.llmapi) modules that accept exactly the fields of `line`."""
+    mod, api = types.ModuleType("tensorrt_llm"), types.ModuleType("tensorrt_llm.llmapi")
+    eagle3 = type("Eagle3DecodingConfig", (_Strict,), {"cls": "Eagle3DecodingConfig", "line": line})
+    kv = type("KvCacheConfig", (_Strict,), {"cls": "KvCacheConfig", "line": line})
+    fields = {name: None for name in line_fields(line, "Eagle3DecodingConfig")}
+    eagle3.model_fields = fields  # what trtllm_backend._field_names reads
+    llm = type("LLM", (FakeLLM,), {"line": line})
+    mod.LLM, mod.SamplingParams, mod.llmapi, mod.__version__ = llm, FakeSampling, api, VERSIONS[line]
+    api.Eagle3DecodingConfig, api.KvCacheConfig = eagle3, kv
+    return mod, api
