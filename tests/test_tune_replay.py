@@ -135,7 +135,7 @@ def test_lookup_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
         assert budget == (cap - 2 if cap else None)
         if cap:
             assert max(st.lookup_size for st in steps) == budget  # the cap binds in this run
-        replayed = lookup_replay(seq, len(ids), [roots[i] for i in keep], [(lk, budget)], store)
+        replayed = lookup_replay(seq, len(ids), [roots[i] for i in keep], [(lk, budget)], store, len(ids) + 40)
         for i in keep:
             step = res.metrics.steps[i]
             copied, rows = replayed[roots[i]][(lk, budget)]

@@ -37,15 +37,19 @@ def accepted_lengths(scores, parents, depths, tokens, continuation: list[int], s
     return out
 
 
-def replay(session, seq: list[int], roots: list[int], settings: list[Setting]) -> tuple[dict, dict]:
+def replay(session, seq: list[int], roots: list[int], settings: list[Setting], end: int | None = None
+           ) -> tuple[dict, dict]:
     """Accepted draft tokens per root position and setting, for the token sequence `seq` whose part after
-    the prompt is the target's own greedy output. Returns ({root: {Setting: accepted}}, drafter state)."""
+    the prompt is the target's own greedy output. As in the runtime, a tree at root n is no deeper than the
+    end - 1 - n tokens the run may still emit (`end`: prompt + max_new_tokens, capped at the model's positions;
+    default len(seq)). Returns ({root: {Setting: accepted}}, drafter state)."""
     runner = session.runner
     target, drafter, head = runner.target, runner.drafter, runner.drafter.head
     by_beam: dict[int, set] = {}
     for s in settings:
         by_beam.setdefault(s.beam_width, set()).add((s.draft_length, s.total_tokens))
     length = len(seq)
+    end = length if end is None else end
     with torch.inference_mode():
         runner.cache.length = 0
         _, aux = target.forward(torch.tensor(seq), torch.arange(length), runner.cache, need_aux=True,
@@ -64,23 +68,26 @@ def replay(session, seq: list[int], roots: list[int], settings: list[Setting]) -
         drafter.cache.length = n
         drafter.last_logits, drafter.last_hidden = logits[n - 1], hidden[n - 1]
         res = {}
+        room = end - 1 - n
         for k, pairs in by_beam.items():
-            depth = max(d for d, _ in pairs)
+            cut = {(d, total): (min(d, room), total) for d, total in pairs}
+            depth = max(d for d, _ in cut.values())
             cand = _candidates(drafter, k, depth)
-            for (d, total), acc in accepted_lengths(*cand, seq[n + 1: n + 1 + depth], pairs).items():
-                res[Setting(k, d, total)] = acc
+            acc = accepted_lengths(*cand, seq[n + 1: n + 1 + depth], set(cut.values()))
+            for (d, total), key in cut.items():
+                res[Setting(k, d, total)] = acc[key]
         out[n] = res
     state = {"seq": seq, "aux": aux, "logits": logits, "hidden": hidden, "root": min(roots)}
     return out, state
 
 
 def lookup_replay(seq: list[int], prompt_len: int, roots: list[int], keys: list[tuple[tuple[int, int, int], int | None]],
-                  datastore=None) -> dict[int, dict[tuple, tuple[int, int]]]:
+                  datastore=None, end: int | None = None) -> dict[int, dict[tuple, tuple[int, int]]]:
     """For each root position and (lookup setting, copy budget) of `keys`: (tokens the copies get accepted, verify
     rows they add) when the runtime grafts them there. The copies are the runtime's own (`copied_chains` over the
-    context seq[:root + 1] and `datastore`, cut by `within_rows` to the budget; None = no cut); rows count the
-    copies' distinct prefixes, not the nodes they may share with the head's tree (an upper bound of one or two
-    rows)."""
+    context seq[:root + 1] and `datastore`, no longer than the end - 1 - root tokens still to emit (`end` as in
+    `replay`), cut by `within_rows` to the budget; None = no cut); rows count the copies' distinct prefixes, not
+    the nodes they may share with the head's tree (an upper bound of one or two rows)."""
     from eagle_trt.speculative.lookup import NgramIndex, copied_chains, matched, trie_size, within_rows
 
     index = NgramIndex()
@@ -88,6 +95,7 @@ def lookup_replay(seq: list[int], prompt_len: int, roots: list[int], keys: list[
     by_lookup: dict[tuple[int, int, int], list] = {}
     for lk, budget in dict.fromkeys(keys):
         by_lookup.setdefault(lk, []).append(budget)
+    end = len(seq) if end is None else end
     out = {}
     for n in sorted(set(roots)):
         index.extend(seq[len(index.tokens): n + 1])
@@ -97,7 +105,7 @@ def lookup_replay(seq: list[int], prompt_len: int, roots: list[int], keys: list[
             if lk[0] <= 0:
                 res.update({(lk, b): (0, 0) for b in budgets})
                 continue
-            found = copied_chains(index, datastore, *lk)
+            found = copied_chains(index, datastore, min(lk[0], end - 1 - n), lk[1], lk[2])
             for b in budgets:
                 chains, more = within_rows(*found, b)
                 res[(lk, b)] = (max((matched(c, continuation) for c in chains + more), default=0),
@@ -154,9 +162,10 @@ def calibrate(session, encoded: list[list[int]], max_new_tokens: int, positions:
             roots = list(range(len(ids), len(seq) - 1))  # every root decoding can have, to the end
         if not roots:
             continue
-        per_root, state = replay(session, seq, roots, settings)  # the last prompt's state stays usable
+        end = min(len(ids) + max_new_tokens, runner.max_positions)  # where the runtime's trees are cut
+        per_root, state = replay(session, seq, roots, settings, end)  # the last prompt's state stays usable
         state["prompt_len"] = len(ids)
-        copies = lookup_replay(seq, len(ids), roots, keys, getattr(runner, "datastore", None))
+        copies = lookup_replay(seq, len(ids), roots, keys, getattr(runner, "datastore", None), end)
         head = torch.tensor([[per_root[n][s] for s in settings] for n in roots])[:, head_col]
         copied = torch.tensor([[copies[n][k][0] for k in keys] for n in roots])[:, copy_col]
         rows = torch.tensor([[copies[n][k][1] for k in keys] for n in roots])[:, copy_col]
