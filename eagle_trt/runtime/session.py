@@ -19,6 +19,7 @@ from eagle_trt.errors import CheckpointError, InputError
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.kv_cache import resolve_kv_dtype
 from eagle_trt.models.llama import LlamaTarget
+from eagle_trt.prompt_sources import prompt_ids
 from eagle_trt.runtime.runner import DecodeOptions, Runner
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -102,15 +103,8 @@ class Session:
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
         if not prompt or not prompt.strip():
             raise InputError("the prompt is empty: give some text with --prompt")
-        tok = self.tokenizer
-        if chat and getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                          tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-                ids = ids["input_ids"]
-            return list(ids)
-        # Exactly what `tokenizer(prompt).input_ids` gives, special tokens included.
-        return list(tok(prompt).input_ids)
+        # chat=False: exactly what `tokenizer(prompt).input_ids` gives, special tokens included.
+        return prompt_ids(self.tokenizer, prompt, chat)
 
 
 TUNED_NAME = "tuned.json"
