@@ -22,7 +22,7 @@ import yaml
 from conftest import write_random_head
 from eagle_trt.config import EagleConfig
 from eagle_trt.engine import build_engine
-from trtllm_fakes import VERSIONS, line_fields
+from trtllm_fakes import VERSIONS, write_fake_packages
 
 # Records argv, the YAML it was handed and what the model path is, then exits.
 FAKE_TOOL = """#!/usr/bin/env python3
@@ -144,50 +144,9 @@ def test_validate_without_tensorrt_llm_exits_3(bundles):
     assert out.stderr.strip().startswith("validate: TensorRT-LLM is not installed (No module named 'tensorrt_llm')")
 
 
-FAKE_TORCH = "class cuda:\n    is_available = staticmethod(lambda: {gpu})\n    get_device_name = staticmethod(lambda i: 'FakeGPU')\n"
-FAKE_TRTLLM = '''__version__ = "{version}"
-import json, os
-from pathlib import Path
-ALLOWED = {fields}
-class SamplingParams:
-    def __init__(self, **kw): self.__dict__.update(kw)
-class _Out:
-    def __init__(self, ids, it): self.token_ids, self.decoding_iter, self.request_perf_metrics = ids, it, None
-class LLM:
-    def __init__(self, model, tokenizer=None, **kw):
-        assert Path(model).is_dir() and Path(tokenizer).is_dir(), (model, tokenizer)
-        self.spec = kw.get("speculative_config")
-        assert self.spec is None or Path(self.spec.speculative_model).is_absolute()
-    def generate(self, prompts, params):
-        ids = [5, 6, 7, 8] if (self.spec is not None and os.environ.get("FAKE_DIFFER")) else [5, 6, 7, 9]
-        return [type("R", (), {{"outputs": [_Out(ids[:params.max_tokens], 2 if self.spec else 4)]}})() for _ in prompts]
-    def shutdown(self): pass
-'''
-FAKE_LLMAPI = '''from tensorrt_llm import ALLOWED
-class _Strict:
-    def __init__(self, **kw):
-        bad = set(kw) - ALLOWED.get(type(self).__name__, set(kw))
-        if bad: raise ValueError(f"extra inputs are not permitted: {{sorted(bad)}}")
-        self.__dict__.update(kw)
-class Eagle3DecodingConfig(_Strict): pass
-class KvCacheConfig(_Strict): pass
-'''
-
-
-def fake_env(tmp_path: Path, line: str, gpu: bool = True) -> Path:
-    fake = tmp_path / f"fake-{line.replace('+', '')}-{gpu}"
-    (fake / "tensorrt_llm").mkdir(parents=True)
-    (fake / "torch").mkdir()
-    (fake / "torch" / "__init__.py").write_text(FAKE_TORCH.format(gpu=gpu))
-    fields = {"Eagle3DecodingConfig": line_fields(line, "Eagle3DecodingConfig")}
-    (fake / "tensorrt_llm" / "__init__.py").write_text(FAKE_TRTLLM.format(version=VERSIONS[line], fields=repr(fields)))
-    (fake / "tensorrt_llm" / "llmapi.py").write_text(FAKE_LLMAPI.format())
-    return fake
-
-
 @pytest.mark.parametrize("line", ["1.2", "1.3+"])
 def test_validate_compares_spec_with_plain_output(bundles, tmp_path, line):
-    out = run_validate(bundles[line], fake_env(tmp_path, line), "--max-tokens", "4", "--json", str(tmp_path / "v.json"))
+    out = run_validate(bundles[line], write_fake_packages(tmp_path, line), "--max-tokens", "4", "--json", str(tmp_path / "v.json"))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert lines[0] == f"TensorRT-LLM {VERSIONS[line]}, bundle for line {line} ({'dynamic' if line == '1.3+' else 'chain'}), GPU FakeGPU"
@@ -200,19 +159,19 @@ def test_validate_compares_spec_with_plain_output(bundles, tmp_path, line):
 
 def test_validate_fails_when_outputs_differ(bundles, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_DIFFER", "1")
-    out = run_validate(bundles["1.2"], fake_env(tmp_path, "1.2"), "--max-tokens", "4")
+    out = run_validate(bundles["1.2"], write_fake_packages(tmp_path, "1.2"), "--max-tokens", "4")
     assert out.returncode == 1
     assert "speculative == plain: NO" in out.stdout and out.stdout.strip().endswith("s)")
     assert "FAIL: outputs differ on 3 prompts" in out.stdout
 
 
 def test_validate_refuses_a_bundle_of_another_line(bundles, tmp_path):
-    out = run_validate(bundles["1.2"], fake_env(tmp_path, "1.3+"))
+    out = run_validate(bundles["1.2"], write_fake_packages(tmp_path, "1.3+"))
     assert out.returncode == 2
     assert out.stderr.strip() == ("validate: this bundle is for TensorRT-LLM 1.2 but 1.3.0rc27 is installed: "
                                   "rebuild it with `eagle-trt build --trtllm-version 1.3+`")
 
 
 def test_validate_without_a_gpu_exits_3(bundles, tmp_path):
-    out = run_validate(bundles["1.3+"], fake_env(tmp_path, "1.3+", gpu=False))
+    out = run_validate(bundles["1.3+"], write_fake_packages(tmp_path, "1.3+", gpu=False))
     assert out.returncode == 3 and "no CUDA GPU is visible" in out.stderr

@@ -137,3 +137,51 @@ def fake_modules(line: str):
     mod.LLM, mod.SamplingParams, mod.llmapi, mod.__version__ = llm, FakeSampling, api, VERSIONS[line]
     api.Eagle3DecodingConfig, api.KvCacheConfig = eagle3, kv
     return mod, api
+
+
+# ---- fake packages for subprocesses (validate.py, the GPU smoke script) ---------------------------
+
+FAKE_TORCH = ("__version__ = '0.0+fake'\nclass version:\n    cuda = '13.0'\nclass cuda:\n"
+              "    is_available = staticmethod(lambda: {gpu})\n    get_device_name = staticmethod(lambda i: 'FakeGPU')\n")
+FAKE_TRTLLM = '''__version__ = "{version}"
+import json, os
+from pathlib import Path
+ALLOWED = {fields}
+class SamplingParams:
+    def __init__(self, **kw): self.__dict__.update(kw)
+class _Out:
+    def __init__(self, ids, it): self.token_ids, self.decoding_iter, self.request_perf_metrics = ids, it, None
+class LLM:
+    def __init__(self, model, tokenizer=None, **kw):
+        assert Path(model).is_dir() and Path(tokenizer).is_dir(), (model, tokenizer)
+        self.spec = kw.get("speculative_config")
+        assert self.spec is None or Path(self.spec.speculative_model).is_absolute()
+    def generate(self, prompts, params):
+        ids = [5, 6, 7, 8] if (self.spec is not None and os.environ.get("FAKE_DIFFER")) else [5, 6, 7, 9]
+        return [type("R", (), {{"outputs": [_Out(ids[:params.max_tokens], 2 if self.spec else 4)]}})() for _ in prompts]
+    def shutdown(self): pass
+'''
+FAKE_LLMAPI = '''from tensorrt_llm import ALLOWED
+class _Strict:
+    def __init__(self, **kw):
+        bad = set(kw) - ALLOWED.get(type(self).__name__, set(kw))
+        if bad: raise ValueError(f"extra inputs are not permitted: {{sorted(bad)}}")
+        self.__dict__.update(kw)
+class Eagle3DecodingConfig(_Strict): pass
+class KvCacheConfig(_Strict): pass
+class TorchLlmArgs:
+    model_fields = dict.fromkeys(ALLOWED["TorchLlmArgs"])
+'''
+
+
+def write_fake_packages(tmp_path: Path, line: str, gpu: bool = True) -> Path:
+    """A dir for PYTHONPATH: a tensorrt_llm of `line` (strict configs, an LLM that echoes fixed tokens; FAKE_DIFFER
+    makes speculative output differ) and a torch that reports a GPU (or none)."""
+    fake = tmp_path / f"fake-{line.replace('+', '')}-{gpu}"
+    (fake / "tensorrt_llm").mkdir(parents=True)
+    (fake / "torch").mkdir()
+    (fake / "torch" / "__init__.py").write_text(FAKE_TORCH.format(gpu=gpu))
+    fields = {cls: line_fields(line, cls) for cls in ("Eagle3DecodingConfig", "TorchLlmArgs")}
+    (fake / "tensorrt_llm" / "__init__.py").write_text(FAKE_TRTLLM.format(version=VERSIONS[line], fields=repr(fields)))
+    (fake / "tensorrt_llm" / "llmapi.py").write_text(FAKE_LLMAPI.format())
+    return fake

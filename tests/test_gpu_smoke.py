@@ -1,0 +1,78 @@
+"""scripts/gpu_check_trtllm.py: its CPU part for real, its GPU part against a stand-in TensorRT-LLM.
+
+Here (no tensorrt_llm) the script builds the tiny bundles and stops with exit code 3 after saying
+why. With a fake tensorrt_llm and a torch that reports a GPU on PYTHONPATH, a second run on the same
+bundles walks the config and generate steps through each bundle's validate.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trtllm_fakes import contract_violations, write_fake_packages
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "gpu_check_trtllm.py"
+
+
+def smoke(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FAKE_DIFFER")}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600,
+                          env={**base, **(env or {})}, cwd=REPO)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    work = tmp_path_factory.mktemp("smoke")
+    return work, smoke("--workdir", str(work), "--json-out", str(work / "smoke.json"))
+
+
+def test_cpu_part_builds_small_bundles_and_exits_3_without_tensorrt_llm(built):
+    work, out = built
+    assert out.returncode == 3, out.stdout + out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("[PASS] bundles: 6 bundles under ")
+    assert lines[1].startswith("[PASS] versions: python ") and "tensorrt_llm None" in lines[1]
+    assert lines[2] == ("[SKIP] config: TensorRT-LLM is not installed (ModuleNotFoundError: No module named "
+                        "'tensorrt_llm'): the GPU steps need TensorRT-LLM and an NVIDIA GPU")
+    assert lines[-1] == "2 passed, 0 failed, 1 skipped"
+    assert json.loads((work / "smoke.json").read_text())["exit_code"] == 3
+    bundles = sorted((work / "bundles").glob("*/*/trtllm.json"))
+    seen = set()
+    for meta_path in bundles:
+        root, meta = meta_path.parent, json.loads(meta_path.read_text())
+        doc = yaml.safe_load((root / "extra_llm_api_options.yaml").read_text())
+        assert contract_violations(doc, meta["trtllm_version"]) == []
+        seen.add((meta["trtllm_version"], meta["tree"], doc["kv_cache_config"]["dtype"]))
+        assert sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) < 12 * 2**20  # a few MB
+    assert seen == {("1.3+", "chain", "auto"), ("1.3+", "chain", "fp8"), ("1.3+", "dynamic", "auto"),
+                    ("1.3+", "dynamic", "fp8"), ("1.2", "chain", "auto"), ("1.2", "chain", "fp8")}  # fmt: skip
+
+
+def test_gpu_part_runs_each_bundle_of_the_installed_line(built, tmp_path):
+    work, _ = built
+    fake = write_fake_packages(tmp_path, "1.3+")
+    out = smoke("--bundles-from", str(work), "--max-tokens", "4", env={"PYTHONPATH": str(fake)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert "tensorrt_llm 1.3.0rc27" in lines[1] and "gpu FakeGPU" in lines[1]
+    assert lines[2] == "[PASS] config: line 1.3+: 4 bundles' configs accepted by TensorRT-LLM 1.3.0rc27"
+    generate = [ln for ln in lines if ln.startswith("[PASS] generate smoke-")]
+    assert len(generate) == 4 and all("speculative == plain: yes" in ln for ln in generate)
+    assert lines[-1] == "7 passed, 0 failed, 0 skipped"
+
+
+def test_unequal_outputs_warn_on_random_models_and_fail_when_strict(built, tmp_path):
+    work, _ = built
+    env = {"PYTHONPATH": str(write_fake_packages(tmp_path, "1.2")), "FAKE_DIFFER": "1"}
+    out = smoke("--bundles-from", str(work), "--max-tokens", "4", env=env)
+    assert out.returncode == 0 and out.stdout.count("[WARN] generate smoke-chain-") == 2, out.stdout
+    out = smoke("--bundles-from", str(work), "--max-tokens", "4", "--strict-lossless", env=env)
+    assert out.returncode == 1 and out.stdout.strip().endswith("3 passed, 2 failed, 0 skipped")
