@@ -94,6 +94,44 @@ def test_bench_bad_input(engine, tmp_path):
     assert r.exit_code == 2 and "--prompts must be humaneval, chat or a .jsonl file" in r.stderr
 
 
+def unusable_out(tmp_path, kind):
+    """A --out that cannot take the results: a file, a dir of earlier results, a path below a file."""
+    if kind == "file":
+        (tmp_path / "f").write_text("x")
+        return tmp_path / "f"
+    if kind == "results":
+        (tmp_path / "r").mkdir()
+        (tmp_path / "r" / "results.json").write_text("{}")
+        return tmp_path / "r"
+    (tmp_path / "g").write_text("x")
+    return tmp_path / "g" / "new"
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("file", "exists and is not a directory"),
+    ("results", "already holds earlier results (results.json); choose a new dir or pass --force"),
+    ("below-a-file", "is not writable"),
+])
+def test_bench_out_is_checked_before_anything_runs(engine, prompt_file, tmp_path, monkeypatch, kind, message):
+    import eagle_trt.runtime.session as session
+
+    monkeypatch.setattr(session.Session, "open", lambda *a, **k: pytest.fail("the engine was opened"))
+    out = unusable_out(tmp_path, kind)
+    r = cli.invoke(app, ["bench", "--engine", str(engine), "--prompts", str(prompt_file), "--out", str(out)])
+    assert r.exit_code == 2 and r.stderr.startswith(f"Error: --out {out} ") and message in r.stderr, r.output
+
+
+def test_bench_force_replaces_earlier_results(engine, prompt_file, tmp_path):
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    r = cli.invoke(app, ["bench", "--engine", str(engine), "--prompts", str(prompt_file), "--limit", "1",
+                         "--max-new-tokens", "4", "--repeats", "1", "--methods", "ar", "--no-roofline", "--no-plots",
+                         "--out", str(out), "--force"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "results.json").read_text())["summary"]["ar"]["generated_tokens"] == 4
+
+
 # ---- pure logic ----------------------------------------------------------------------------------
 
 def test_speedups_are_per_repeat_ratios():

@@ -127,12 +127,11 @@ def aggregate(runs: list[dict], names: list[str], repeats: int) -> dict:
 def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_new_tokens: int = 64,
                  repeats: int = 3, methods: list[str] | None = None, out=None, verify: bool = True,
                  machine: bool = True, bandwidth_mb: int = 256, plots: bool = True, command: str = "",
-                 progress: Callable[[str], None] | None = None) -> dict:
+                 progress: Callable[[str], None] | None = None, force: bool = False) -> dict:
     """The whole `eagle-trt bench`: open the engine, run, measure the machine, write the report files.
 
     Returns the results dict (also written to out/results.json); results["failures"] lists every
     speculative output that differs from plain AR decoding."""
-    from pathlib import Path
 
     import torch
 
@@ -147,6 +146,8 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
     if max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     prompt_set = load_prompts(prompts, limit)
+    if out is not None:
+        out = report.prepare_out(out, force)  # before anything is measured
     session = Session.open(engine, verify=verify)
     if session.config.backend != "torch":
         raise InputError("eagle-trt bench runs torch engines; this one is built for TensorRT-LLM")
@@ -179,8 +180,6 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
         results["machine"] = roofline.measure_machine(session.runner.target, context, max_tree, bandwidth_mb)
         results["roofline"] = roofline.derive(results["machine"], results["summary"])
     if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
         results["plots"] = [str(p) for p in (_plots(results, out) if plots else [])]
         report.write_json(results, out)
         report.write_markdown(results, out)

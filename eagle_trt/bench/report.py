@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from rich.table import Table
@@ -39,8 +40,32 @@ def summary_table(results: dict) -> Table:
     return table
 
 
+RESULTS_NAME = "results.json"
+
+
+def prepare_out(out: Path, force: bool = False) -> Path:
+    """Make sure the results can be written before anything is measured: `out` is created (or is an empty dir, or
+    --force lets its files be replaced) and writable. A bad --out is a one-line input error, never a lost run."""
+    from eagle_trt.errors import InputError
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} exists and is not a directory; choose a new results dir")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        held = "earlier results (results.json)" if (out / RESULTS_NAME).exists() else "other files"
+        raise InputError(f"--out {out} already holds {held}; choose a new dir or pass --force to replace them")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise InputError(f"--out {out} is not writable ({e.strerror}); choose another results dir") from None
+    return out
+
+
 def write_json(results: dict, out: Path) -> Path:
-    path = out / "results.json"
+    path = out / RESULTS_NAME
     path.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
     return path
 

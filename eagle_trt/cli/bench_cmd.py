@@ -43,6 +43,8 @@ def bench(
     roofline: Annotated[bool, typer.Option("--roofline/--no-roofline",
                                            help="Measure memory bandwidth and the verify-cost curve.")] = True,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the PNG plots.")] = True,
+    force: Annotated[bool, typer.Option("--force", help="Replace the files of a results dir that is not empty "
+                                        "(by default --out must be new or empty).")] = False,
     json_out: JsonOpt = False,
     skip_verify: SkipVerifyOpt = False,
 ) -> None:
@@ -54,11 +56,11 @@ def bench(
     Example: eagle-trt bench --engine engines/smollm2-135m-eagle3 --prompts chat --limit 10 --out bench-out
     """
     handle_errors(_bench)(engine, out, prompts, limit, max_new_tokens, repeats, methods, threads, roofline, plots,
-                          json_out, skip_verify)
+                          json_out, skip_verify, force)
 
 
 def _bench(engine, out, prompts, limit, max_new_tokens, repeats, methods, threads, roofline, plots, json_out,
-           skip_verify) -> None:
+           skip_verify, force) -> None:
     from eagle_trt.bench.harness import bench_engine
     from eagle_trt.bench.methods import parse_methods
     from eagle_trt.bench.report import summary_table
@@ -73,7 +75,7 @@ def _bench(engine, out, prompts, limit, max_new_tokens, repeats, methods, thread
 
     results = bench_engine(engine, prompts, limit, max_new_tokens, repeats, names, out, verify=not skip_verify,
                            machine=roofline, plots=plots, command="eagle-trt " + " ".join(sys.argv[1:]),
-                           progress=progress)
+                           progress=progress, force=force)
     if json_out:
         print_json(results)
     else:
