@@ -66,7 +66,7 @@ def test_empty_file_is_all_defaults(tmp_path):
 
 def test_unknown_key(tmp_path):
     assert error_of(tmp_path, "draft_lenght: 4\n") == (
-        "cfg.yaml: draft_lenght: unknown field; valid fields: name, checkpoint_dir, backend, dtype, "
+        "cfg.yaml: draft_lenght: unknown field; valid fields: name, checkpoint_dir, backend, trtllm_version, dtype, "
         "kv_cache_dtype, eagle_architecture, draft_length, confidence_threshold, max_beam_width, "
         "total_tokens, tree, static_tree, lookup_tokens, lookup_branches, datastore_branches, max_verify_rows, "
         "max_batch_size, "

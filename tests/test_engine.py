@@ -355,7 +355,7 @@ def test_eagle1_head_needs_trtllm(cfg, ckpt, tmp_path):
                        r"the torch backend runs EAGLE-3 heads only$") as info:
         build_engine(cfg, ckpt, tmp_path / "e", dry_run=True)
     assert "--backend trtllm" in info.value.hint
-    trt = cfg.model_copy(update={"backend": "trtllm", "dtype": "float16"})
+    trt = cfg.model_copy(update={"backend": "trtllm", "dtype": "float16", "trtllm_version": "1.2"})
     assert build_engine(trt, ckpt, tmp_path / "e", dry_run=True).head == "eagle1"
 
 
