@@ -119,7 +119,7 @@ def load_hf_model(target_dir):
 def build_methods(session, names: list[str]) -> list[Method]:
     """Instantiate the named methods on an open Session (the HF model is loaded once, if needed)."""
     runner = session.runner
-    eos = runner.target.spec.eos_token_ids
+    eos = runner.eos_token_ids  # the runtime's stop tokens: HF stops where our methods do
     hf = load_hf_model(session.engine.target_dir) if any(n.startswith("hf") for n in names) else None
     out: list[Method] = []
     for n in names:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from eagle_trt.engine.datastore_file import DATASTORE_NAME, write_datastore
+from eagle_trt.eos import eos_token_ids
 from eagle_trt.errors import InputError
 
 from .attach import attach_eagle3
@@ -137,11 +138,8 @@ def _load_or_build_dataset(work: Path, key: str, build: Callable):
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
-    ids = []
-    for v in (tokenizer.eos_token_id, getattr(model.config, "eos_token_id", None),
-              getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
-        ids += v if isinstance(v, (list, tuple)) else ([v] if v is not None else [])
-    return sorted({int(i) for i in ids})
+    return eos_token_ids(tokenizer.eos_token_id, getattr(model.config, "eos_token_id", None),
+                         getattr(getattr(model, "generation_config", None), "eos_token_id", None))
 
 
 def _ship_head(model, tokenizer, info, out: Path, overwrite: bool, head: Path, stages, calibrate_kv: bool) -> ConvertResult:

@@ -37,6 +37,7 @@ def measure_acceptance(target_dir: str | Path, draft_dir: str | Path, prompts: l
     """Mean tau (weighted by verify steps) per tree mode, plus per-prompt values."""
     from eagle_trt.models.draft_head import Eagle3DraftHead
     from eagle_trt.models.llama import LlamaTarget
+    from eagle_trt.eos import eos_from_files
     from eagle_trt.runtime.runner import DecodeOptions, Runner
 
     target = LlamaTarget.load(Path(target_dir))
@@ -46,7 +47,7 @@ def measure_acceptance(target_dir: str | Path, draft_dir: str | Path, prompts: l
     for tree in trees:
         taus, tokens, steps, committed = [], 0, 0, 0.0
         t0 = time.perf_counter()
-        runner = Runner(target, head, capacity=2048)
+        runner = Runner(target, head, capacity=2048, eos_token_ids=eos_from_files(target_dir))
         for ids in prompts:
             result = runner.generate(ids, DecodeOptions(max_new_tokens=max_new_tokens, tree=tree, eos_token_ids=None))
             m = result.metrics

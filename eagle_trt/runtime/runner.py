@@ -41,7 +41,7 @@ class DecodeOptions:
     total_tokens: int = 32
     confidence_threshold: float = 0.0
     static_tree: list[list[int]] | None = None
-    eos_token_ids: list[int] | None = None  # None: the target's own
+    eos_token_ids: list[int] | None = None  # None: the runner's (eagle_trt.eos)
     # Sampling (temperature 0 = greedy). The target's processed distribution is the same in every mode.
     temperature: float = 0.0
     top_p: float = 1.0
@@ -83,8 +83,11 @@ class GenerationResult:
 class Runner:
     def __init__(self, target: LlamaTarget, head: Eagle3DraftHead | None, capacity: int,
                  kv_dtype: torch.dtype | None = None, k_scales=None, v_scales=None, max_input_len: int | None = None,
-                 draft_k_scales=None, draft_v_scales=None, datastore: Datastore | None = None):
+                 draft_k_scales=None, draft_v_scales=None, datastore: Datastore | None = None,
+                 eos_token_ids: list[int] | None = None):
         self.target, self.head = target, head
+        # Tokens that end an answer unless a request names its own (`eagle_trt.eos`; default: the target config's).
+        self.eos_token_ids = list(eos_token_ids if eos_token_ids is not None else target.spec.eos_token_ids)
         self.datastore = datastore  # a second prompt-lookup source (speculative/datastore.py)
         self.capacity = capacity
         self.max_input_len = max_input_len or capacity
@@ -103,7 +106,7 @@ class Runner:
     def generate(self, prompt_ids: list[int], opts: DecodeOptions,
                  on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
         self._check_prompt(prompt_ids, opts)
-        eos = set(opts.eos_token_ids if opts.eos_token_ids is not None else self.target.spec.eos_token_ids)
+        eos = set(opts.eos_token_ids if opts.eos_token_ids is not None else self.eos_token_ids)
         metrics = GenerationMetrics(mode=opts.mode if self.head is not None else "ar", prompt_tokens=len(prompt_ids),
                                     temperature=opts.temperature, lossy=opts.lossy)
         out: list[int] = []

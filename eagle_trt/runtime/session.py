@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from eagle_trt.eos import eos_from_files
 from eagle_trt.errors import CheckpointError, InputError
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.kv_cache import resolve_kv_dtype
@@ -66,7 +67,8 @@ class Session:
                         kv_dtype=kv_dtype, k_scales=scales.get("target.k_scales"),
                         v_scales=scales.get("target.v_scales"), max_input_len=cfg.max_input_len,
                         draft_k_scales=scales.get("draft.k_scales"), draft_v_scales=scales.get("draft.v_scales"),
-                        datastore=_datastore(Path(engine.draft_dir), target.spec.vocab_size))
+                        datastore=_datastore(Path(engine.draft_dir), target.spec.vocab_size),
+                        eos_token_ids=eos_from_files(engine.target_dir, engine.tokenizer_dir))
         return cls(engine, runner, load_tokenizer(engine.tokenizer_dir))
 
     @property
