@@ -62,3 +62,33 @@ def test_bad_data_is_refused_before_the_model_loads(model, tmp_path, monkeypatch
     monkeypatch.setattr(pipeline, "load_target", lambda *a, **k: pytest.fail("the model was loaded"))
     r = convert(model, "--output", tmp_path / "ckpt", "--steps", "2", "--data", tmp_path / spec)
     assert r.exit_code == 2 and message in r.stderr
+
+
+def test_checkpoint_files_are_readable_by_others(tiny_checkpoint):
+    modes = {p.relative_to(tiny_checkpoint).as_posix(): p.stat().st_mode & 0o777 for p in tiny_checkpoint.rglob("*")}
+    assert modes["target/model.safetensors"] == 0o644
+    assert all(m == (0o755 if (tiny_checkpoint / rel).is_dir() else 0o644) for rel, m in modes.items()), modes
+
+
+@pytest.mark.parametrize("name", ["../outside.safetensors", "/etc/passwd", "sub/model.safetensors", "..",
+                                  "model.bin"])
+def test_index_shard_names_must_stay_in_the_model_dir(model, tmp_path, name):
+    import json
+
+    (tmp_path / "models" / "outside.safetensors").write_bytes(b"")
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"lm_head.weight": name}}))
+    r = convert(model, "--output", tmp_path / "ckpt")
+    assert r.exit_code == 2 and "which is not a file name in its dir" in r.stderr and repr(name) in r.stderr
+
+
+def test_build_refuses_an_index_that_leaves_the_checkpoint(tiny_checkpoint, tmp_path):
+    import json
+
+    ckpt = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+    shutil.move(ckpt / "target" / "model.safetensors", tmp_path / "model-00001-of-00001.safetensors")
+    (ckpt / "target" / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"model.embed_tokens.weight": "../../model-00001-of-00001.safetensors"}}))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"name: tiny\ncheckpoint_dir: {ckpt}\nmax_input_len: 64\nmax_output_len: 64\n")
+    r = cli.invoke(app, ["build", "--config", str(cfg), "--output", str(tmp_path / "engine")])
+    assert r.exit_code == 2 and "'../../model-00001-of-00001.safetensors', which is not a file name" in r.stderr

@@ -45,12 +45,21 @@ ThreadsOpt = Annotated[Optional[int], typer.Option(
                       "waits for a busy core stalls every matrix product.")]
 
 
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, e.g. a container's cpuset), else all of them."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def apply_threads(threads: int | None) -> None:
     if threads is not None:
         from eagle_trt.errors import InputError
 
-        if threads < 1:
-            raise InputError(f"--threads must be >= 1, got {threads}")
+        cpus = available_cpus()
+        if not 1 <= threads <= cpus:
+            raise InputError(f"--threads must be in [1, {cpus}] (the CPUs this process may use), got {threads}")
         import torch
 
         torch.set_num_threads(threads)
@@ -105,6 +114,9 @@ def handle_errors(fn):
             if debug_enabled():
                 raise
             fail(e.message, e.exit_code, e.hint)
+        except BrokenPipeError:  # the reader went away (`| head`): stop quietly, nothing is wrong here
+            _silence_stdout()
+            raise typer.Exit(0) from None
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated); a saved training checkpoint says so
             what = "Terminated" if isinstance(e, Terminated) or getattr(e, "exit_code", 0) == Terminated.exit_code \
                 else "Interrupted"
@@ -116,6 +128,15 @@ def handle_errors(fn):
             fail(f"{type(e).__name__}: {e}", EXIT_FAILURE, "rerun with EAGLE_TRT_DEBUG=1 for the traceback")
 
     return wrapper
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not hit the closed pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file (a test's capture)
+        pass
 
 
 def print_json(obj: Any) -> None:

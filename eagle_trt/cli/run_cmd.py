@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Annotated, Optional
 
@@ -83,10 +84,17 @@ def run(
                         chat, json_out, skip_verify, sampling)
 
 
+MIN_TEMPERATURE = 1e-5  # below it logits / T overflow float32 long before it samples anything but the argmax
+MAX_SEED = 2**64 - 1  # torch generators take 64-bit seeds
+
+
 def _check_sampling(s: dict) -> None:
     apply_threads(s.pop("threads"))
-    if s["temperature"] < 0:
-        raise InputError(f"--temperature must be >= 0, got {s['temperature']}")
+    t = s["temperature"]
+    if not math.isfinite(t) or t < 0 or 0 < t < MIN_TEMPERATURE:
+        raise InputError(f"--temperature must be 0 (greedy) or a finite value >= {MIN_TEMPERATURE:g}, got {t}")
+    if s["seed"] is not None and not 0 <= s["seed"] <= MAX_SEED:
+        raise InputError(f"--seed must be in [0, 2**64 - 1], got {s['seed']}")
     if not 0 < s["top_p"] <= 1:
         raise InputError(f"--top-p must be in (0, 1], got {s['top_p']}")
     if s["top_k"] < 0:
@@ -99,7 +107,7 @@ def _check_sampling(s: dict) -> None:
 
 def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, total_tokens,
          confidence_threshold, lookup, chat, json_out, skip_verify, sampling) -> None:
-    from eagle_trt.runtime.session import Session, TextStream
+    from eagle_trt.runtime.session import Session, TextStream, check_prompt_text
 
     if mode not in ("eagle", "ar"):
         raise InputError(f"--mode must be 'eagle' or 'ar', got {mode!r}")
@@ -116,8 +124,7 @@ def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, t
     if confidence_threshold is not None and not 0 <= confidence_threshold < 1:
         raise InputError(f"--confidence-threshold must be in [0, 1), got {confidence_threshold}")
     _check_sampling(sampling)
-    if not prompt.strip():
-        raise InputError("the prompt is empty: give some text with --prompt")
+    check_prompt_text(prompt)
     require_engine(engine)
 
     session = Session.open(engine, verify=not skip_verify)
@@ -141,12 +148,26 @@ def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, t
     reasons = (["typical acceptance (--posterior-threshold)"] if opts.lossy else []) + (
         ["fp8 KV cache"] if session.config.kv_cache_dtype == "fp8" else [])
     metrics["lossy"], metrics["lossy_reasons"] = bool(reasons), reasons
+    metrics["lossless"], metrics["lossless_note"] = lossless(session, opts, reasons)
     if json_out:
         print_json({"text": text, "token_ids": result.token_ids, "prompt_token_ids": ids,
                     "options": {k: v for k, v in vars(opts).items() if k != "eos_token_ids"}, "metrics": metrics})
         return
     sys.stdout.write("\n")
     console.print(metrics_table(metrics))
+
+
+def lossless(session, opts, lossy_reasons: list[str]) -> tuple[bool, str]:
+    """Whether this output is guaranteed to be what plain decoding of the engine gives (greedy: token for token;
+    sampling: the target's distribution exactly), and what the guarantee rests on."""
+    if lossy_reasons:
+        return False, "lossy by choice: " + ", ".join(lossy_reasons)
+    if opts.mode == "ar":
+        return True, "plain decoding"
+    if getattr(session.runner.target, "row_invariant", False):
+        return True, "every verify row is bit-identical to decoding its token alone (row-invariant kernels)"
+    return False, ("verify and decoding take kernels that may differ in the last bit on this engine, so a near-tie "
+                   "can flip a token (rare; `bench` compares every output with plain decoding)")
 
 
 def metrics_table(m: dict) -> Table:

@@ -61,7 +61,15 @@ def _commit(stage: Path, out: Path, overwrite: bool) -> None:
     out = check_output_dir(out, overwrite)  # again: something may have appeared meanwhile
     if out.is_dir() and not any(out.iterdir()):
         out.rmdir()
+    readable_by_all(stage)
     swap_into_place(stage, out)
+
+
+def readable_by_all(root: Path) -> None:
+    """Files 0644 and dirs 0755 under root: a checkpoint is shared data (safetensors writes its files 0600)."""
+    for path in root.rglob("*"):
+        if not path.is_symlink():
+            path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from eagle_trt.errors import CheckpointError, InputError, MissingDependencyError
+from eagle_trt.shards import index_shards
 
 # model_type (HF config) / general.architecture (GGUF) -> family name shown to the user.
 # The draft layer is always a Llama decoder layer; these families share its RMSNorm + RoPE + GQA
@@ -87,11 +88,7 @@ def _check_hf_dir(path: Path) -> str:
         raise CheckpointError(f"no *.safetensors weights in {path}; re-download the model")
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            wanted = set(json.loads(index.read_text())["weight_map"].values())
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise CheckpointError(f"unreadable {index} ({e}); re-download the model") from e
-        missing = sorted(name for name in wanted if not (path / name).is_file())
+        missing = sorted(shard.name for shard in index_shards(index) if not shard.is_file())
         if missing:
             raise CheckpointError(f"missing weight shards in {path}: {', '.join(missing)}")
     for shard in shards:

@@ -15,7 +15,9 @@ interrupted or failed build never leaves a half-written engine where `eagle-trt 
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -104,18 +106,20 @@ def build_engine(
 
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(out.parent, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "not writable")
         sweep_stale(out, ("tmp", "old"))  # what builds killed outright left behind
-        with staged_dir(out, "tmp") as tmp:
-            manifest = _write_engine(resolved, plan, tmp)
-            open_engine(tmp, verify=True)  # read back what we wrote before it replaces anything
-            if cfg.backend == "trtllm":
-                from eagle_trt.engine.trtllm_backend import validate_bundle
+    except OSError as e:
+        raise InputError(f"cannot write the engine '{out}' ({e.strerror}: {out.parent}); choose another --output or "
+                         "fix its permissions") from None
+    with staged_dir(out, "tmp") as tmp:
+        manifest = _write_engine(resolved, plan, tmp)
+        open_engine(tmp, verify=True)  # read back what we wrote before it replaces anything
+        if cfg.backend == "trtllm":
+            from eagle_trt.engine.trtllm_backend import validate_bundle
 
-                summary.trtllm = validate_bundle(tmp)  # loads it through LLM(...) where TensorRT-LLM can run
-            swap_into_place(tmp, out)
-    except PermissionError as e:
-        raise InputError(f"cannot write the engine '{out}' ({e.strerror}: {e.filename}); choose another --output or "
-                         "fix the permissions") from None
+            summary.trtllm = validate_bundle(tmp)  # loads it through LLM(...) where TensorRT-LLM can run
+        swap_into_place(tmp, out)
     summary.files = {k: v.model_dump() for k, v in manifest.files.items()}
     summary.validated = True
     summary.seconds = time.monotonic() - start

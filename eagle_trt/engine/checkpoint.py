@@ -30,6 +30,7 @@ from eagle_trt.engine.head_checks import (
     head_kind,
 )
 from eagle_trt.errors import CheckpointError, ConfigError
+from eagle_trt.shards import index_shards
 
 KV_SCALES_NAME = "kv_scales.safetensors"
 
@@ -213,7 +214,7 @@ def _target_shards(tdir: Path, embed_shape: list[int]) -> list[Path]:
     if (tdir / "model.safetensors").is_file():
         shards = [tdir / "model.safetensors"]
     elif index.is_file():
-        shards = sorted({tdir / name for name in _read_json(index).get("weight_map", {}).values()})
+        shards = index_shards(index)
         if not shards:
             raise CheckpointError(f"'{index}' has an empty weight_map")
     else:

@@ -84,8 +84,9 @@ class Runner:
     def __init__(self, target: LlamaTarget, head: Eagle3DraftHead | None, capacity: int,
                  kv_dtype: torch.dtype | None = None, k_scales=None, v_scales=None, max_input_len: int | None = None,
                  draft_k_scales=None, draft_v_scales=None, datastore: Datastore | None = None,
-                 eos_token_ids: list[int] | None = None):
+                 eos_token_ids: list[int] | None = None, tree_room: int | None = None):
         self.target, self.head = target, head
+        self.tree_room = tree_room or capacity  # KV slots set aside for a step's tree (root and copies included)
         # Tokens that end an answer unless a request names its own (`eagle_trt.eos`; default: the target config's).
         self.eos_token_ids = list(eos_token_ids if eos_token_ids is not None else target.spec.eos_token_ids)
         self.datastore = datastore  # a second prompt-lookup source (speculative/datastore.py)
@@ -299,6 +300,10 @@ class Runner:
             raise InputError(f"the prompt has {len(prompt_ids)} tokens, more than max_input_len "
                              f"{self.max_input_len}; shorten it or rebuild the engine with a larger max_input_len")
         need = len(prompt_ids) + opts.max_new_tokens + opts.tree_capacity()
+        if opts.tree_capacity() > self.tree_room:
+            raise InputError(f"the tree options need up to {opts.tree_capacity()} KV slots a step, more than the "
+                             f"{self.tree_room} this engine sets aside for trees; lower --total-tokens, --beam-width x "
+                             f"--draft-length or the --lookup-* options, or rebuild with larger tree limits")
         if need > self.capacity:
             raise InputError(f"prompt ({len(prompt_ids)}) + max_new_tokens ({opts.max_new_tokens}) + tree "
                              f"({opts.tree_capacity()}) exceed the KV cache ({self.capacity} slots); "

@@ -68,7 +68,7 @@ class Session:
                         v_scales=scales.get("target.v_scales"), max_input_len=cfg.max_input_len,
                         draft_k_scales=scales.get("draft.k_scales"), draft_v_scales=scales.get("draft.v_scales"),
                         datastore=_datastore(Path(engine.draft_dir), target.spec.vocab_size),
-                        eos_token_ids=eos_from_files(engine.target_dir, engine.tokenizer_dir))
+                        eos_token_ids=eos_from_files(engine.target_dir, engine.tokenizer_dir), tree_room=tree_room)
         return cls(engine, runner, load_tokenizer(engine.tokenizer_dir))
 
     @property
@@ -103,10 +103,21 @@ class Session:
         return DecodeOptions(**opts)
 
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
-        if not prompt or not prompt.strip():
-            raise InputError("the prompt is empty: give some text with --prompt")
+        check_prompt_text(prompt)
         # chat=False: exactly what `tokenizer(prompt).input_ids` gives, special tokens included.
         return prompt_ids(self.tokenizer, prompt, chat)
+
+
+def check_prompt_text(prompt: str) -> None:
+    """A prompt must be non-empty text; bytes that are not UTF-8 (a shell passes them through as surrogates) are an
+    input error naming where they are, not a tokenizer crash."""
+    if not prompt or not prompt.strip():
+        raise InputError("the prompt is empty: give some text with --prompt")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(f"the prompt is not UTF-8 text (a byte that is not UTF-8 at character {e.start}); pass "
+                         "UTF-8 text") from None
 
 
 TUNED_NAME = "tuned.json"
