@@ -89,6 +89,37 @@ def test_serve_runs_from_anywhere_on_loopback_under_the_engine_name(bundles, fak
     assert not Path(argv[0]).exists()  # the temp dir with the link is gone afterwards
 
 
+SLEEPY_TOOL = """#!/usr/bin/env python3
+import os, signal, sys, time
+def stop(signum, frame):
+    open(os.environ["FAKE_RECORD"], "w").write("terminated")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+open(os.environ["FAKE_RECORD"], "w").write("started")
+time.sleep(60)
+"""
+
+
+def test_a_stop_signal_reaches_the_server_and_the_temp_dir_goes(bundles, tmp_path, monkeypatch):
+    import signal
+    import time
+
+    bin_dir, record = tmp_path / "bin", tmp_path / "record.txt"
+    bin_dir.mkdir()
+    (bin_dir / "trtllm-serve").write_text(SLEEPY_TOOL.replace("/usr/bin/env python3", sys.executable))
+    (bin_dir / "trtllm-serve").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_RECORD": str(record),
+           "TMPDIR": str(tmp_path)}  # fmt: skip
+    proc = subprocess.Popen(["bash", str(bundles["1.2"] / "serve.sh")], env=env, cwd=tmp_path)
+    deadline = time.monotonic() + 30
+    while not (record.is_file() and record.read_text() == "started") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(tmp_path.glob("eagle-trt.*")), "no temp dir while serving"
+    proc.send_signal(signal.SIGTERM)  # what `docker stop` sends to a container's first process
+    assert proc.wait(timeout=30) == 0
+    assert record.read_text() == "terminated" and not list(tmp_path.glob("eagle-trt.*"))
+
+
 def test_serve_host_and_port_options_open_it(bundles, fake_tools, tmp_path):
     out = run_script(bundles["1.2"] / "serve.sh", ["--host", "0.0.0.0", "--port=9001"], cwd=tmp_path)
     assert out.returncode == 0, out.stderr

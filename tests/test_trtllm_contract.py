@@ -165,7 +165,7 @@ def test_scripts_are_executable_shell_with_documented_options(ckpt, tmp_path):
         text = path.read_text()
         assert text.startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in text
         subprocess.run(["bash", "-n", str(path)], check=True)
-        start = next(i for i, line in enumerate(text.splitlines()) if line.startswith(f"{tool} "))
+        start = next(i for i, line in enumerate(text.splitlines()) if line.startswith(f"launch {tool} "))
         line = " ".join(" ".join(text.splitlines()[start:start + 3]).split("\\"))
         flags = [w for w in line.split() if w.startswith("--")]
         assert flags and set(flags) <= set(allowed), f"{name}: {sorted(set(flags) - set(allowed))}"

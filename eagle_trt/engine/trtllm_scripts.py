@@ -31,6 +31,19 @@ draft="${draft//\"/\\\"}"
 options="$(<"$here/@OPTIONS@")"
 options="${options//"speculative_model: ./draft"/"speculative_model: \"$draft\""}"
 printf '%s\n' "$options" >"$run/@OPTIONS@"
+# The tool runs as a child that SIGTERM / SIGINT sent to this script reach (a container's stop signal);
+# the EXIT trap removes the temp dir once it has finished.
+launch() {
+    "$@" &
+    local child=$! status=0
+    trap 'kill -TERM "$child" 2>/dev/null || true' TERM INT
+    wait "$child" || status=$?
+    if ((status > 128)); then  # a trapped signal ended the wait: wait for the tool's own exit status
+        status=0
+        wait "$child" || status=$?
+    fi
+    return "$status"
+}
 """
 
 _SERVE = r"""# OpenAI-compatible server for this bundle, from any directory:
@@ -51,7 +64,7 @@ while (($#)); do
 done
 # trtllm-serve names a local model after its directory: this link gives it the engine's name.
 ln -s "$here/target" "$run/"@NAME@
-trtllm-serve "$run/"@NAME@ --tokenizer "$here/tokenizer" --backend pytorch \
+launch trtllm-serve "$run/"@NAME@ --tokenizer "$here/tokenizer" --backend pytorch \
     --host "$host" --port "$port" --extra_llm_api_options "$run/@OPTIONS@" "${args[@]}"
 """
 
@@ -60,7 +73,7 @@ _BENCH = r"""# Throughput benchmark, from any directory:
 # (make a dataset with TensorRT-LLM's benchmarks/cpp/prepare_dataset.py).
 @PRELUDE@dataset="${1:?usage: bench.sh DATASET.jsonl [trtllm-bench throughput options]}"
 shift
-trtllm-bench --model @NAME@ --model_path "$here/target" throughput --backend pytorch \
+launch trtllm-bench --model @NAME@ --model_path "$here/target" throughput --backend pytorch \
     --dataset "$dataset" --extra_llm_api_options "$run/@OPTIONS@" "$@"
 """
 
