@@ -14,7 +14,7 @@ from pathlib import Path
 
 from eagle_trt.convert.data import build_dataset
 from eagle_trt.engine.datastore_file import DATASTORE_NAME, write_datastore
-from eagle_trt.runtime.session import load_tokenizer
+from eagle_trt.tokenizer import load_tokenizer
 
 
 def main() -> None:

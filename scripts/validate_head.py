@@ -29,7 +29,7 @@ def main() -> None:
 
     from eagle_trt.convert.data import build_dataset
     from eagle_trt.convert.validate import checkpoint_report, write_report
-    from eagle_trt.runtime.session import load_tokenizer
+    from eagle_trt.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.checkpoint / "target")
     prompts = build_dataset(args.data, tokenizer, seq_len=args.seq_len, n_val=args.val_prompts,

@@ -13,7 +13,7 @@ from eagle_trt.prompt_sources import prompt_ids
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir):
-    from eagle_trt.runtime.session import load_tokenizer
+    from eagle_trt.tokenizer import load_tokenizer
 
     return load_tokenizer(tiny_model_dir)
 

@@ -22,19 +22,9 @@ from eagle_trt.models.kv_cache import resolve_kv_dtype
 from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.prompt_sources import prompt_ids
 from eagle_trt.runtime.runner import DecodeOptions, Runner
+from eagle_trt.tokenizer import load_tokenizer
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def load_tokenizer(path: Path):
-    from transformers import AutoTokenizer
-
-    try:
-        # clean_up_tokenization_spaces only suits WordPiece; off, decode gives the text as generated.
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False,
-                                             clean_up_tokenization_spaces=False)
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: cannot load the tokenizer ({e})") from None
 
 
 @dataclass
@@ -74,6 +64,13 @@ class Session:
     @property
     def config(self):
         return self.engine.config
+
+    @property
+    def kernels(self) -> str:
+        """The kernels the engine runs on, chosen when it was opened: amx, avx512, avx2 or torch (models/backend.py);
+        tensorrt-llm for a TensorRT-LLM engine."""
+        backend = getattr(getattr(self.runner, "target", None), "backend", None)
+        return backend.name if backend is not None else "tensorrt-llm"
 
     @cached_property
     def tuned(self) -> dict:
