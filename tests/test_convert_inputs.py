@@ -92,3 +92,13 @@ def test_build_refuses_an_index_that_leaves_the_checkpoint(tiny_checkpoint, tmp_
     cfg.write_text(f"name: tiny\ncheckpoint_dir: {ckpt}\nmax_input_len: 64\nmax_output_len: 64\n")
     r = cli.invoke(app, ["build", "--config", str(cfg), "--output", str(tmp_path / "engine")])
     assert r.exit_code == 2 and "'../../model-00001-of-00001.safetensors', which is not a file name" in r.stderr
+
+
+def test_convert_without_modelopt_is_exit_3(model, tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "modelopt" else real(name, *a))
+    r = convert(model, "--output", tmp_path / "ckpt")
+    assert r.exit_code == 3 and "NVIDIA modelopt, which is not installed" in r.stderr
+    assert "pip install 'eagle-trt[convert]'" in r.stderr and not (tmp_path / "ckpt").exists()

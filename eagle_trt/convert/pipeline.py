@@ -38,7 +38,7 @@ from typing import Callable
 
 from eagle_trt.engine.datastore_file import DATASTORE_NAME, write_datastore
 from eagle_trt.eos import eos_token_ids
-from eagle_trt.errors import InputError
+from eagle_trt.errors import InputError, MissingDependencyError
 
 from .attach import attach_eagle3
 from .export import check_apart, check_output_dir, staged_output, write_draft, write_manifest, write_target
@@ -174,6 +174,15 @@ def _ship_head(model, tokenizer, info, out: Path, overwrite: bool, head: Path, s
     return ConvertResult(out, out / "target", out / "draft", summary)
 
 
+def require_modelopt() -> None:
+    """Attaching and training a head needs NVIDIA modelopt, an optional extra since TensorRT-LLM pins its own."""
+    import importlib.util
+
+    if importlib.util.find_spec("modelopt") is None:
+        raise MissingDependencyError("convert attaches the EAGLE-3 head with NVIDIA modelopt, which is not installed",
+                                     hint="pip install 'eagle-trt[convert]' (or ship a trained head with --head)")
+
+
 def convert_model(
     model_path: str | Path,
     output_dir: str | Path,
@@ -238,6 +247,8 @@ def convert_model(
         head = Path(head).expanduser()
         if not (head / "config.json").is_file() or not (head / "model.safetensors").is_file():
             raise InputError(f"--head '{head}' must be a dir with config.json and model.safetensors")
+    if head is None:
+        require_modelopt()
     from .device import resolve_device, training_matmul
 
     run_on = resolve_device(device) if train else None

@@ -127,8 +127,8 @@ def inspect_checkpoint(cfg: EagleConfig, ckpt: Path) -> CheckpointPlan:
             raise CheckpointError(
                 f"'{dweights}' is an EAGLE-1/2 head (fc.weight {shapes['fc.weight']}, no hidden_norm); "
                 f"the {cfg.backend} backend runs EAGLE-3 heads only",
-                hint="build it with `--backend trtllm`, which writes TensorRT-LLM's legacy EAGLE engine "
-                "checkpoint and its trtllm-build command",
+                hint="build it with `--backend trtllm --trtllm-version 1.2`: TensorRT-LLM 1.2 still has the legacy "
+                "EAGLE engine flow (the bundle holds its checkpoint and trtllm-build command); later lines do not",
             )
         check_eagle1_shapes(shapes, dweights, dcfg_path, arch, heads_kv, head_dim, V)
         aux: list[int] = []
