@@ -1,185 +1,145 @@
-"""Reproduce the CPU-kernel timings quoted in models/gemm.py and docs/architecture.md.
+"""Time the CPU kernels: the numbers in docs/architecture.md and docs/bench.md come from these commands.
 
-    python scripts/kernel_timings.py --threads 2                        # projections + attention
-    python scripts/kernel_timings.py --engine engines/smollm2-135m-eagle3 --threads 2   # + target forward curve
-    EAGLE_TRT_PREPACK=0 python scripts/kernel_timings.py --engine ...   # forward curve without prepacking
-    python scripts/kernel_timings.py --engine ENGINE --parts --threads 2  # where 1 -> 17 rows adds time
-    python scripts/kernel_timings.py --engine ENGINE --calls --threads 2  # one-call paths vs the Python ones
+    python scripts/kernel_timings.py --threads 2                           # projections + attention, every kernel
+    python scripts/kernel_timings.py --engine ENGINE --threads 2           # + the target forward over 1..32 tokens
+    python scripts/kernel_timings.py --engine ENGINE --parts --threads 2   # one forward by parts at 1, 16, 17 rows
+    EAGLE_TRT_ISA=avx2 python scripts/kernel_timings.py ...                # the AVX2 kernels on a bigger CPU
 
-Times are medians over repeats, in ms. Scratch measurements: compare runs made back to back.
+Times are medians over repeats, in ms; variants alternate within every repeat. Scratch measurements: compare runs
+made back to back (the machines here drift within minutes).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 
 import torch
 
-from eagle_trt.bench.stats import median_seconds
+from eagle_trt.models import native
 from eagle_trt.models.gemm import Projection, prepack_enabled
-from eagle_trt.models import native_attention, native_gemm
 from eagle_trt.models.layers import attention, attention_fp64
+
+
+def interleaved(cases: dict, reps: int) -> dict:
+    """Median seconds of each zero-argument callable, all taking turns within every repeat."""
+    times: dict = {}
+    for _ in range(reps):
+        for name, fn in cases.items():
+            start = time.perf_counter()
+            fn()
+            times.setdefault(name, []).append(time.perf_counter() - start)
+    return {name: statistics.median(v) for name, v in times.items()}
 
 
 def projections(reps: int) -> None:
     """30 distinct [576, 3072] weights (SmolLM2's gate_up) so nothing stays in cache; ms per call."""
-    print("projection [576 x 3072], ms per call:")
-    amx = native_gemm.load()
+    from eagle_trt.models.native.gemm import NativeProjection
+
+    lib = native.library()
+    print(f"projection [576 x 3072], ms per call (GB/s of weights at one row); kernels: "
+          f"{lib.backend if lib else 'none: ' + str(native.unavailable())}")
     for dtype in (torch.float32, torch.bfloat16):
         ws = [torch.randn(576, 3072).to(dtype) for _ in range(30)]
-        plain = [Projection(w, prepack=False) for w in ws]
-        packed = [Projection(w, prepack=True, amx=False) for w in ws] if prepack_enabled() else None
-        tiles = [amx.pack(w) for w in ws] if amx is not None and dtype == torch.bfloat16 else None
+        kinds = {"x @ W": [Projection(w, prepack=False) for w in ws]}
+        if prepack_enabled():
+            kinds["oneDNN prepacked"] = [Projection(w, prepack=True) for w in ws]
+        if lib is not None:
+            kinds["vector kernel"] = [NativeProjection(lib, w) for w in ws]
+            if lib.backend == "amx" and dtype == torch.bfloat16:
+                kinds["AMX kernel"] = [NativeProjection(lib, w, amx=True) for w in ws]
         for rows in (1, 16, 17, 32):
             x = torch.randn(rows, 576).to(dtype)
-            line = f"  {str(dtype):15} rows={rows:2}  x @ W {median_seconds(lambda: [x @ p.w for p in plain], reps) / 30 * 1e3:.3f}"
-            if packed:
-                # Time the packed kernel itself, also for fp32 at one row (Projection would route that to x @ W).
-                ms = median_seconds(lambda: [p._packed(x) for p in packed], reps) / 30 * 1e3
-                line += f"  oneDNN prepacked {ms:.3f}"
-            if tiles:
-                line += f"  AMX kernel {median_seconds(lambda: [amx(x, t, 3072) for t in tiles], reps) / 30 * 1e3:.3f}"
-            print(line)
+            calls = {name: (lambda ps=ps: [p(x) for p in ps]) for name, ps in kinds.items()}
+            if "oneDNN prepacked" in kinds:  # the packed kernel itself, also for fp32 at one row
+                calls["oneDNN prepacked"] = lambda ps=kinds["oneDNN prepacked"]: [p._packed(x) for p in ps]
+            t = interleaved(calls, reps)
+            gb = 576 * 3072 * ws[0].element_size() * 30 / 1e9
+            cells = [f"{name} {t[name] / 30 * 1e3:.3f}" + (f" ({gb / t[name]:.0f})" if rows == 1 else "")
+                     for name in calls]
+            print(f"  {str(dtype):15} rows={rows:2}  " + "  ".join(cells))
 
 
 def attentions(reps: int) -> None:
-    print("attention of one layer (9 q heads, 3 kv heads, d=64), bf16, ms:")
-    for t, s in ((1, 300), (17, 300), (17, 1000)):
-        q, k, v = torch.randn(9, t, 64).bfloat16(), torch.randn(3, s, 64).bfloat16(), torch.randn(3, s, 64).bfloat16()
-        mask = None if t == 1 else torch.ones(t, s, dtype=torch.bool)
-        sdpa = median_seconds(lambda: attention(q, k, v, mask), reps) * 1e3
-        fp64 = median_seconds(lambda: attention_fp64(q, k, v, mask), reps) * 1e3
-        conv = median_seconds(lambda: (k.double(), v.double()), reps) * 1e3
-        kernel = native_attention.load()
-        native = f"  row-invariant kernel {median_seconds(lambda: kernel(q, k, v, mask), reps) * 1e3:.3f}" if kernel else ""
-        print(f"  T={t:2} S={s:4}  sdpa {sdpa:.3f}  float64 {fp64:.3f}  K/V to float64 {conv:.3f}{native}")
+    lib = native.library()
+    kernel = None
+    if lib is not None:
+        from eagle_trt.models.native.ops import Attention
+
+        kernel = Attention(lib)
+    print("attention of one layer (9 q heads, 3 kv heads, d=64), ms:")
+    for dtype in (torch.float32, torch.bfloat16):
+        for t, s in ((1, 300), (17, 300), (17, 1000)):
+            q, k, v = (torch.randn(9, t, 64).to(dtype), torch.randn(3, s, 64).to(dtype),
+                       torch.randn(3, s, 64).to(dtype))
+            mask = None if t == 1 else torch.ones(t, s, dtype=torch.bool)
+            calls = {"sdpa": lambda: attention(q, k, v, mask), "float64": lambda: attention_fp64(q, k, v, mask)}
+            if kernel is not None:
+                calls["row-invariant kernel"] = lambda: kernel(q, k, v, mask)
+            m = interleaved(calls, reps)
+            print(f"  {str(dtype):15} T={t:2} S={s:4}  " + "  ".join(f"{n} {m[n] * 1e3:.3f}" for n in calls))
+
+
+def _engine(engine: str):
+    from eagle_trt.engine.engine_dir import open_engine
+    from eagle_trt.runtime.session import DTYPES
+
+    e = open_engine(engine, verify=False)
+    return e, DTYPES[e.config.dtype]
 
 
 def forward_curve(engine: str, reps: int) -> None:
     from eagle_trt.bench.roofline import forward_curve as curve
     from eagle_trt.models.llama import LlamaTarget
-    from eagle_trt.runtime.session import DTYPES
-    from eagle_trt.engine.engine_dir import open_engine
 
-    e = open_engine(engine, verify=False)
-    target = LlamaTarget.load(e.target_dir, DTYPES[e.config.dtype])
+    e, dtype = _engine(engine)
+    target = LlamaTarget.load(e.target_dir, dtype)
     c = curve(target, [1, 4, 8, 16, 32], context=200, reps=reps)
-    print(f"target forward ({e.config.dtype}, 200 cached tokens), ms:")
+    print(f"target forward ({e.config.dtype}, kernels {target.backend.name}, 200 cached tokens), ms:")
     print("  " + "  ".join(f"T={t}: {s * 1e3:.1f}" for t, s in c.items()) + f"   16 vs 1: {c[16] / c[1]:.2f}x")
 
 
 def forward_parts(engine: str, reps: int, context: int = 300) -> None:
-    """The target forward at 1 and 17 tokens after `context` cached ones: with the fused row ops (bf16, where the
-    engine has them), then on torch's row ops with the engine's attention, with float64 attention, and with
-    attention replaced by zeros (the rest of the layer), beside the layers' projections alone (same weights, same rows): what the extra rows of a verify pass cost, part by part.
-    Variants interleave within each repeat; medians in ms."""
-    import statistics
-    import time
-
-    from eagle_trt.models.llama import LlamaTarget
-    from eagle_trt.runtime.session import DTYPES
-    from eagle_trt.engine.engine_dir import open_engine
-
-    e = open_engine(engine, verify=False)
-    target = LlamaTarget.load(e.target_dir, DTYPES[e.config.dtype])
-    s = target.spec
-    cache = target.new_cache(context + 18)
-    g = torch.Generator().manual_seed(0)
-    target.forward(torch.randint(0, s.vocab_size, (context,), generator=g), torch.arange(context), cache)
-    cache.length = context
-
-    def zeros(q, k, v, mask):
-        return q.new_zeros(q.shape[1], q.shape[0] * q.shape[2])
-
-    # (attention, row ops): the engine's attention and its fused row ops where it has them (bf16 with a compiler),
-    # then each attention with torch's row ops.
-    variants = {"torch row ops": (target.attend, None), "torch ops, fp64 attn": (attention_fp64, None),
-                "torch ops, zero attn": (zeros, None)}
-    if target.row_ops is not None:
-        variants = {"engine (fused ops)": (target.attend, target.row_ops), **variants}
-    projections = [p for lw in target.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)]
-    times: dict[tuple[str, int], list[float]] = {}
-    for _ in range(reps):
-        for t in (1, 17):
-            tokens = torch.randint(0, s.vocab_size, (t,), generator=g)
-            positions = torch.arange(context, context + t)
-            mask = torch.ones(t, t, dtype=torch.bool).tril_() if t > 1 else None
-            for name, (attend, row_ops) in variants.items():
-                target.attend, target.row_ops = attend, row_ops
-                start = time.perf_counter()
-                target.hidden_states(tokens, positions, cache, mask)
-                times.setdefault((name, t), []).append(time.perf_counter() - start)
-            xs = {n: torch.randn(t, n, generator=g).to(target.dtype) for n in {p.w.shape[0] for p in projections}}
-            start = time.perf_counter()
-            for p in projections:
-                p(xs[p.w.shape[0]])
-            times.setdefault(("projections alone", t), []).append(time.perf_counter() - start)
-    target.attend, target.row_ops = variants[next(iter(variants))]
-    print(f"target forward parts ({e.config.dtype}, {context} cached tokens, median of {reps}), ms:")
-    for name in (*variants, "projections alone"):
-        one, many = (statistics.median(times[(name, t)]) * 1e3 for t in (1, 17))
-        print(f"  {name:21} T=1 {one:6.1f}   T=17 {many:6.1f}   +{many - one:.1f}")
-
-
-def native_calls(engine: str, reps: int, context: int = 300) -> None:
-    """What the one-call paths buy (bf16 engine with AMX kernels), each against the Python path it replaces, in
-    turns within every repeat: the target forward (decoder stack in one call vs the layer loop), the draft head
-    (one call vs its fused ops from Python), the greedy tokens (LM head fused with the argmax vs logits + argmax)."""
-    import statistics
-    import time
-
-    from eagle_trt.engine.engine_dir import open_engine
+    """One target forward (as a verify pass: features, a causal mask) at 1, 16 and 17 tokens after `context` cached
+    ones, beside its parts timed alone on the same shapes: the layers' projections, the attention of every layer,
+    the greedy tokens (LM head + argmax); and the draft head's forward at 1, 2 and 5 rows."""
     from eagle_trt.models.draft_head import Eagle3DraftHead
     from eagle_trt.models.llama import LlamaTarget
 
-    e = open_engine(engine, verify=False)
-    target = LlamaTarget.load(e.target_dir, torch.bfloat16)
-    head = Eagle3DraftHead.load(e.draft_dir, target, torch.bfloat16)
-    if target.stack is None or head.layer is None:
-        raise SystemExit("--calls needs a bf16 engine on a CPU with AMX and a C++ compiler")
-    s = target.spec
+    e, dtype = _engine(engine)
+    target = LlamaTarget.load(e.target_dir, dtype)
+    head = Eagle3DraftHead.load(e.draft_dir, target, dtype)
     target.aux_layer_ids = list(head.spec.aux_layer_ids)
-    g = torch.Generator().manual_seed(0)
-    cache = target.new_cache(context + 20)
+    s, g = target.spec, torch.Generator().manual_seed(0)
+    cache, hcache = target.new_cache(context + 20), head.new_cache(context + 20)
     target.forward(torch.randint(0, s.vocab_size, (context,), generator=g), torch.arange(context), cache)
-    cache.length = context
-    hcache = head.new_cache(context + 20)
-    head.forward(torch.randn(context, s.hidden_size, generator=g).bfloat16(),
-                 torch.randint(0, s.vocab_size, (context,), generator=g), torch.arange(context), hcache, 0)
-    hcache.length = context
-    stack, layer = target.stack, head.layer
-
-    def forward(t, on):
-        target.stack = stack if on else None
+    cache.length = hcache.length = context
+    projs = [p for lw in target.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)]
+    calls = {}
+    for t in (1, 16, 17):
         mask = torch.ones(t, t, dtype=torch.bool).tril_() if t > 1 else None
-        target.hidden_states(torch.arange(t) + 7, torch.arange(context, context + t), cache, mask, need_aux=True)
-
-    def draft(t, on):
-        head.layer = layer if on else None
-        head.forward(torch.ones(t, s.hidden_size, dtype=torch.bfloat16), torch.arange(t) + 7,
-                     torch.full((t,), context), hcache, context, torch.ones(t, context + t, dtype=torch.bool))
-
-    hidden = {t: torch.randn(t, s.hidden_size, generator=g).bfloat16() for t in (1, 16)}
-
-    def greedy(t, on):
-        return target.greedy(hidden[t]) if on else target.argmax(target.logits(hidden[t]))
-
-    cases = [("target forward", forward, (1, 16, 17)), ("draft head forward", draft, (1, 2, 5)),
-             ("greedy tokens", greedy, (1, 16))]
-    times: dict = {}
-    for _ in range(reps):
-        for name, fn, rows in cases:
-            for t in rows:
-                for on in (False, True):
-                    start = time.perf_counter()
-                    fn(t, on)
-                    times.setdefault((name, t, on), []).append(time.perf_counter() - start)
-    target.stack, head.layer = stack, layer
-    print(f"one call vs the Python path ({context} cached tokens, median of {reps}), ms:")
-    for name, _, rows in cases:
-        for t in rows:
-            py, one = (statistics.median(times[(name, t, on)]) * 1e3 for on in (False, True))
-            print(f"  {name:19} T={t:2}  Python {py:6.2f}   one call {one:6.2f}")
+        full = torch.cat([torch.ones(t, context, dtype=torch.bool), mask], 1) if t > 1 else None
+        tokens, pos = torch.arange(t) + 7, torch.arange(context, context + t)
+        xs = {n: torch.randn(t, n, generator=g).to(dtype) for n in {p.in_features for p in projs}}
+        q = torch.randn(s.num_heads, t, s.head_dim, generator=g).to(dtype)
+        hidden = torch.randn(t, s.hidden_size, generator=g).to(dtype)
+        kv = cache.read(0, context + t)
+        calls[("target forward", t)] = lambda a=(tokens, pos, mask): target.hidden_states(a[0], a[1], cache, a[2],
+                                                                                            need_aux=True)
+        calls[("layer projections", t)] = lambda xs=xs: [p(xs[p.in_features]) for p in projs]
+        calls[("attention, every layer", t)] = lambda q=q, full=full, kv=kv: [
+            target.backend.attend(q, *kv, full) for _ in target.layers]
+        calls[("greedy tokens", t)] = lambda h=hidden: target.greedy(h)
+    for t in (1, 2, 5):
+        feats = torch.randn(t, s.hidden_size, generator=g).to(dtype)
+        m = torch.ones(t, context + t, dtype=torch.bool)
+        calls[("draft head forward", t)] = lambda a=(feats, torch.arange(t) + 7, torch.full((t,), context), m): \
+            head.forward(a[0], a[1], a[2], hcache, context, a[3])
+    med = interleaved(calls, reps)
+    print(f"{e.config.dtype} target, kernels {target.backend.name}, {context} cached tokens, median of {reps}, ms:")
+    for name in dict.fromkeys(n for n, _ in calls):
+        print(f"  {name:23} " + "   ".join(f"T={t:2} {med[(n, t)] * 1e3:7.2f}" for n, t in calls if n == name))
 
 
 def main() -> None:
@@ -187,20 +147,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--engine", default=None, help="also time the engine's target forward over 1..32 tokens")
-    ap.add_argument("--parts", action="store_true", help="with --engine: only the forward's parts at 1 and 17 "
-                    "tokens (the engine; torch's row ops with its / float64 / zero attention; projections alone)")
-    ap.add_argument("--calls", action="store_true", help="with --engine (bf16): only the one-call paths against the "
-                    "Python paths they replace (target forward, draft head, greedy tokens)")
+    ap.add_argument("--parts", action="store_true", help="with --engine: only one forward by parts (projections, "
+                    "attention, LM head, draft head)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"threads {torch.get_num_threads()}, prepack {prepack_enabled()}")
     torch.manual_seed(0)
-    if args.calls:
-        if not args.engine:
-            raise SystemExit("--calls needs --engine")
-        native_calls(args.engine, args.repeats)
-        return
     if args.parts:
         if not args.engine:
             raise SystemExit("--parts needs --engine")

@@ -1,27 +1,56 @@
-"""What the compiled kernels buy end to end: the same engine, prompts and settings, decoded with each kernel set,
+"""What the compiled kernels buy end to end: the same engine, prompts and settings, decoded on each backend,
 interleaved prompt by prompt in one process (the machine's speed drifts, so only side-by-side numbers mean anything).
 
     python scripts/native_ab.py --engine engines/smollm2-135m-eagle3-bf16 --prompts humaneval --limit 6
-    python scripts/native_ab.py --engine E --variants torch-ops,float64     # two of them
+    python scripts/native_ab.py --engine E --variants native,avx2     # two of them
 
-Variants (bf16 engines; each adds one kernel to the one after it):
-    native     the engine's default: projections on AMX tiles, fused row ops, row-invariant attention kernel
-    no-amx     oneDNN projections, fused row ops, attention kernel
-    torch-ops  oneDNN projections, torch's row ops, attention kernel
-    float64    oneDNN projections, torch's row ops, float64 attention (the engine without a C++ compiler)
-fp32 engines: `kernel` (the attention kernel) and `sdpa` (torch's, the engine's default there).
+Variants (each a copy of the engine loaded on that backend, `models/backend.py`):
+    native   the backend the engine chooses here (amx, avx512 or avx2)
+    avx2     the AVX2 + FMA build of the kernels (`-march=x86-64-v3`), on a CPU above AVX2
+    vectors  on an AMX CPU, a bf16 engine's projections on the vector kernel instead of the tiles
+    torch    the torch reference (the engine without a C++ compiler)
 
 Prints, per variant: plain AR and the engine's (tuned) speculative setting in tok/s, their ratio, and how many
-speculative outputs differed from AR (must be 0 for bf16; fp32's SDPA rows may differ from decoding in the last
-bit, so the kernel runs there only for this comparison).
+speculative outputs differed from AR (must be 0 wherever the backend is row-invariant: every one but torch fp32).
 """
 
 from __future__ import annotations
 
 from decode_setup import decode_parser, open_session
 
-BF16_VARIANTS = ("native", "no-amx", "torch-ops", "float64")
-FP32_VARIANTS = ("kernel", "sdpa")
+
+def backends(dtype) -> dict:
+    """name -> backend for every variant this machine runs."""
+    from eagle_trt.models import native
+    from eagle_trt.models.native import bindings, build
+    from eagle_trt.models.native.backend import NativeBackend
+    from eagle_trt.models.reference import TorchBackend
+
+    out = {}
+    lib = native.library()
+    if lib is not None:
+        out["native"] = None  # the engine's own choice
+        if lib.backend != "avx2":
+            out["avx2"] = NativeBackend(bindings.Library(build.build(target_isa="avx2")), dtype)
+        if lib.backend == "amx":
+            out["vectors"] = NativeBackend(lib, dtype, amx=False)
+    out["torch"] = TorchBackend(dtype)
+    return out
+
+
+def open_on(engine: str, backend):
+    """The engine opened with its target (and head) on `backend` (None: the engine's own choice)."""
+    from eagle_trt.models import llama
+    from eagle_trt.runtime.session import Session
+
+    if backend is None:
+        return Session.open(engine)
+    chosen = llama.choose_backend
+    llama.choose_backend = lambda *a, **k: backend
+    try:
+        return Session.open(engine)
+    finally:
+        llama.choose_backend = chosen
 
 
 def main() -> None:
@@ -30,45 +59,19 @@ def main() -> None:
     ap.add_argument("--variants", default=None, help="comma-separated, from the list above (default: all)")
     args = ap.parse_args()
 
-    import torch
-
-    from eagle_trt.models import native_attention, native_gemm
-    from eagle_trt.models.layers import attention, attention_fp64
-    from eagle_trt.runtime.session import Session
-
-    kernel = native_attention.load()
-    if kernel is None:
-        raise SystemExit("the kernels are unavailable here (need a C++ compiler and EAGLE_TRT_NATIVE unset)")
     session, prompts = open_session(args)
-    bf16 = session.runner.target.dtype == torch.bfloat16
-    known = BF16_VARIANTS if bf16 else FP32_VARIANTS
+    known = backends(session.runner.target.dtype)
     names = args.variants.split(",") if args.variants else list(known)
     if bad := [n for n in names if n not in known]:
-        raise SystemExit(f"unknown variant(s) {bad} for this engine; choose from {', '.join(known)}")
-    plain = session
-    if bf16 and set(names) - {"native"}:
-        # Projections pick their kernel when the weights load: a second copy of the engine without AMX.
-        amx_load = native_gemm.load
-        native_gemm.load = lambda: None
-        try:
-            plain = Session.open(args.engine)
-        finally:
-            native_gemm.load = amx_load
-    ops = session.runner.target.row_ops
-    # name -> (session, attention, row ops)
-    table = {"native": (session, kernel, ops), "no-amx": (plain, kernel, ops), "torch-ops": (plain, kernel, None),
-             "float64": (plain, attention_fp64, None), "kernel": (session, kernel, None),
-             "sdpa": (session, attention, None)}
-    variants = {n: table[n] for n in names}
+        raise SystemExit(f"unknown or unavailable variant(s) {bad} here; choose from {', '.join(known)}")
+    sessions = {n: session if known[n] is None else open_on(args.engine, known[n]) for n in names}
     spec = session.decode_options(max_new_tokens=args.max_new_tokens)
     ar = session.decode_options(mode="ar", max_new_tokens=args.max_new_tokens)
-    totals = {name: [0.0, 0.0, 0, 0, 0] for name in variants}  # ar s, spec s, ar tokens, spec tokens, mismatches
+    totals = {name: [0.0, 0.0, 0, 0, 0] for name in names}  # ar s, spec s, ar tokens, spec tokens, mismatches
     for _ in range(args.repeats):
         for ids in prompts:
-            for name, (sess, attend, row_ops) in variants.items():
-                runner = sess.runner
-                runner.target.attend, runner.target.row_ops = attend, row_ops
-                a, b = runner.generate(ids, ar), runner.generate(ids, spec)
+            for name, sess in sessions.items():
+                a, b = sess.runner.generate(ids, ar), sess.runner.generate(ids, spec)
                 t = totals[name]
                 t[0] += a.metrics.total_s
                 t[1] += b.metrics.total_s
@@ -76,8 +79,9 @@ def main() -> None:
                 t[3] += len(b.token_ids)
                 t[4] += a.token_ids != b.token_ids
     for name, (ta, tb, na, nb, bad) in totals.items():
-        print(f"{name:10} ar {na / ta:5.1f} tok/s   speculative {nb / tb:5.1f} tok/s   ratio {nb / tb / (na / ta):.2f}x"
-              f"   outputs differing from ar: {bad}")
+        kernels = sessions[name].kernels
+        print(f"{name:8} ({kernels:6}) ar {na / ta:5.1f} tok/s   speculative {nb / tb:5.1f} tok/s   "
+              f"ratio {nb / tb / (na / ta):.2f}x   outputs differing from ar: {bad}")
 
 
 if __name__ == "__main__":

@@ -5,11 +5,10 @@
     python scripts/profile_decode.py --engine E --set total_tokens=4 --set lookup_tokens=12 --set max_verify_rows=0
 
 Prints, per method: tokens/s, ms per step, the draft and verify ms inside a step (the rest is
-bookkeeping), and for the speculative run the verify rows per step (mean, p90, max, the share above one
-32-row bf16 chunk). Then, for plain AR on the first prompt, the share of a token spent in the projections (timed
-around `Projection`, whichever kernel serves it: the part that moves weights), and the torch profiler's top
-operators. The profiler sees torch operators only: the compiled bf16 kernels (AMX projections, row ops,
-attention) run outside it.
+bookkeeping), and for the speculative run the verify rows per step (mean, p90, max, the share above the rows the
+LM head scores in one pass over its weight). Then, for plain AR on the first prompt, the torch profiler's top
+operators. The profiler sees torch operators only: the compiled kernels (each forward one call) run outside it;
+`scripts/kernel_timings.py --parts` times their parts.
 """
 
 from __future__ import annotations
@@ -27,10 +26,9 @@ def main() -> None:
 
     from torch.profiler import ProfilerActivity, profile
 
-    from eagle_trt.models.gemm import INVARIANT_ROWS, Projection
-
     session, encoded = open_session(args)
     runner = session.runner
+    per_pass = runner.target.lm_head_rows
     overrides = {}
     for item in args.set:
         name, _, value = item.partition("=")
@@ -56,27 +54,11 @@ def main() -> None:
                 f"(draft {1e3 * draft / steps:.1f}, verify {1e3 * verify / steps:.1f})")
         if opts.mode == "eagle":
             rows.sort()
-            over = sum(r > INVARIANT_ROWS for r in rows) / len(rows)
+            over = sum(r > per_pass for r in rows) / len(rows)
             line += (f"; verify rows mean {sum(rows) / len(rows):.1f}, p90 {rows[int(0.9 * len(rows))]}, "
-                     f"max {rows[-1]}, {100 * over:.0f}% of steps above {INVARIANT_ROWS}")
+                     f"max {rows[-1]}, {100 * over:.0f}% of steps above {per_pass}")
         print(line, flush=True)
-    spent = [0.0]
-    plain_call = Projection.__call__
-
-    def timed(self, x, out=None):
-        start = time.perf_counter()
-        y = plain_call(self, x, out)
-        spent[0] += time.perf_counter() - start
-        return y
-
-    Projection.__call__ = timed
-    try:
-        m = runner.generate(encoded[0], runs["ar"]).metrics
-    finally:
-        Projection.__call__ = plain_call
-    per_token = 1e3 * (m.total_s - m.prefill_s) / max(len(m.steps), 1)
-    print(f"plain AR: {per_token:.1f} ms/token; the projections took {100 * spent[0] / m.total_s:.0f}% of the run "
-          f"(prefill included)")
+    print(f"kernels: {session.kernels}")
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         runner.generate(encoded[0], runs["ar"])
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))

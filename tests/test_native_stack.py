@@ -1,138 +1,113 @@
-"""The decoder stack in one compiled call (models/native_stack.py): the same bits as the layer loop it replaces."""
+"""The one-call forwards (models/native/stack.py) on every build this machine runs, fp32 and bf16: a tree-verify
+row equals decoding its path alone (logits and EAGLE-3 features, bit for bit), the draft head's layer gives the
+torch reference's values, and a KV cache in another dtype takes the reference loop."""
 
 import pytest
 import torch
 
-from eagle_trt.models import native_stack
-from eagle_trt.models.llama import LlamaTarget
+from eagle_trt.models.draft_head import Eagle3DraftHead
+from eagle_trt.models.native import stack
+from eagle_trt.models.native.backend import NativeBackend
+from eagle_trt.models.reference import TorchBackend
+from native_support import build_names, lib_or_skip
+from test_gemm import load_target
 
-BF = torch.bfloat16
-
-
-def _target(tiny_model_dir):
-    target = LlamaTarget.load(tiny_model_dir, dtype=BF)
-    if target.stack is None:
-        pytest.skip("no AMX projections or no C++ compiler here: the layer loop serves every bf16 forward")
-    return target
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def _forward(target, use_stack, ids, positions, prefix, tree_mask, need_aux):
-    stack = target.stack
-    if not use_stack:
-        target.stack = None
-    try:
-        cache = target.new_cache(64)
-        target.forward(prefix, torch.arange(prefix.numel()), cache)
-        cache.length = prefix.numel()
-        logits, aux = target.forward(ids, positions, cache, tree_mask, need_aux=need_aux)
-        return logits, aux, cache.k.clone(), cache.v.clone()
-    finally:
-        target.stack = stack
+def _backend(build, dtype):
+    return NativeBackend(lib_or_skip(build), dtype, amx=build == "amx" and dtype == torch.bfloat16)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 17, 40])
-@pytest.mark.parametrize("aux", [[], [0], [1, 0], [0, 1]])
-def test_stack_equals_the_layer_loop_bit_for_bit(tiny_model_dir, rows, aux):
-    """Logits, EAGLE-3 features (any aux order, the last layer included) and every cache entry, under a tree mask."""
-    target = _target(tiny_model_dir)
-    target.aux_layer_ids = aux
-    g = torch.Generator().manual_seed(rows)
-    prefix = torch.randint(0, target.spec.vocab_size, (9,), generator=g)
-    ids = torch.randint(0, target.spec.vocab_size, (rows,), generator=g)
+def _tree(rows, seed):
+    """Random parents -> (mask [rows, rows] of ancestors and self, depth of each node)."""
+    g = torch.Generator().manual_seed(seed)
     parents = [-1] + [int(torch.randint(0, i, (), generator=g)) for i in range(1, rows)]
     mask = torch.eye(rows, dtype=torch.bool)
     for i, p in enumerate(parents):
         if p >= 0:
             mask[i] |= mask[p]
-    depth = mask.sum(1) - 1
-    outs = [_forward(target, s, ids, 9 + depth, prefix, mask if rows > 1 else None, bool(aux)) for s in (True, False)]
-    for a, b in zip(*outs):
-        assert (a is None) == (b is None)
-        if a is not None:
-            assert torch.equal(a, b)
-    if aux:  # the features are the listed layers' outputs, in layer order
-        assert outs[0][1].shape == (rows, len(aux) * target.spec.hidden_size)
+    return mask, mask.sum(1) - 1
 
 
-def test_stack_turns_off(tiny_model_dir, monkeypatch):
-    monkeypatch.setenv("EAGLE_TRT_STACK", "0")
-    assert native_stack.load() is None
-    assert LlamaTarget.load(tiny_model_dir, dtype=BF).stack is None
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("build", build_names())
+def test_each_tree_row_equals_decoding_its_path(tiny_model_dir, build, dtype):
+    """Logits and features of every node of a 17-node tree verified in one call, against decoding the node's
+    ancestors and then the node one token at a time."""
+    target = load_target(tiny_model_dir, DTYPES[dtype], _backend(build, DTYPES[dtype]))
+    target.aux_layer_ids = [1, 0, target.spec.num_layers - 1]
+    g = torch.Generator().manual_seed(3)
+    prefix = torch.randint(0, target.spec.vocab_size, (9,), generator=g)
+    ids = torch.randint(0, target.spec.vocab_size, (17,), generator=g)
+    mask, depth = _tree(17, seed=4)
+    cache = target.new_cache(64)
+    target.forward(prefix, torch.arange(9), cache)
+    cache.length = 9
+    logits, aux = target.forward(ids, 9 + depth, cache, mask, need_aux=True)
+    assert aux.shape == (17, 3 * target.spec.hidden_size)
+    for node in (0, 5, 11, 16):
+        path = mask[node].nonzero().flatten().tolist()  # ancestors, then the node (ascending = root first)
+        alone = target.new_cache(64)
+        target.forward(prefix, torch.arange(9), alone)
+        alone.length = 9
+        for j in path:
+            row_logits, row_aux = target.forward(ids[j:j + 1], torch.tensor([alone.length]), alone, need_aux=True)
+            alone.length += 1
+        assert torch.equal(row_logits[0], logits[node]) and torch.equal(row_aux[0], aux[node]), node
 
 
-def test_stack_checks_its_input(tiny_model_dir):
-    target = _target(tiny_model_dir)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("build", build_names())
+def test_a_cache_in_another_dtype_takes_the_reference_loop(tiny_model_dir, build, dtype):
+    dt = DTYPES[dtype]
+    target = load_target(tiny_model_dir, dt, _backend(build, dt))
+    other = torch.bfloat16 if dt == torch.float32 else torch.float32
+    ids = torch.arange(12) + 3
+    want, _ = target.forward(ids, torch.arange(12), target.new_cache(16))
+    got, _ = target.forward(ids, torch.arange(12), target.new_cache(16, kv_dtype=other))
+    torch.testing.assert_close(got.float(), want.float(), atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("build", build_names())
+def test_stack_checks_its_input(tiny_model_dir, build):
+    target = load_target(tiny_model_dir, torch.bfloat16, _backend(build, torch.bfloat16))
+    table = target._weights[0]
     cache = target.new_cache(4)
     cos, sin = target.rope.tables(torch.arange(2))
     x = target.embed[torch.tensor([1, 2])]
+    lib, spec = target.backend.lib, target.spec
     with pytest.raises(RuntimeError, match="KV cache full: need 5 slots, capacity 4"):
-        target.stack(target._stack_weights, target.spec, x, cos, sin, cache.k, cache.v, 3, None, [])
+        stack.decoder_stack(lib, table, spec, x, cos, sin, cache.k, cache.v, 3, None, [])
     with pytest.raises(ValueError, match=r"mask must be bool \[2, 2\]"):
-        target.stack(target._stack_weights, target.spec, x, cos, sin, cache.k, cache.v, 0,
-                     torch.ones(2, 3, dtype=torch.bool), [])
-    with pytest.raises(TypeError, match="contiguous bf16 input"):
-        target.stack(target._stack_weights, target.spec, x.float(), cos, sin, cache.k, cache.v, 0, None, [])
+        stack.decoder_stack(lib, table, spec, x, cos, sin, cache.k, cache.v, 0, torch.ones(2, 3, dtype=torch.bool), [])
+    with pytest.raises(TypeError, match="contiguous torch.bfloat16 input"):
+        stack.decoder_stack(lib, table, spec, x.float(), cos, sin, cache.k, cache.v, 0, None, [])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("build", build_names())
 @pytest.mark.parametrize("last_only", [False, True])
-def test_draft_layer_matches_the_head_s_operators(tiny_model_dir, tiny_head_dir, last_only):
-    """The head in one compiled call: the operator path's values up to bf16 rounding (its attention is the compiled
-    kernel, not torch's), the same K/V written, the caller's features untouched."""
-    from eagle_trt.models.draft_head import Eagle3DraftHead
-
-    target = _target(tiny_model_dir)
-    head = Eagle3DraftHead.load(tiny_head_dir, target, BF)
-    assert head.layer is not None
+def test_draft_layer_matches_the_torch_reference(tiny_model_dir, tiny_head_dir, build, dtype, last_only):
+    """The head in one compiled call: the reference's values up to rounding (its attention is the compiled kernel,
+    not torch's), the same K/V written, the caller's features untouched."""
+    dt = DTYPES[dtype]
     g = torch.Generator().manual_seed(1)
-    feats = torch.randn(7, target.spec.hidden_size, generator=g).to(BF)
-    ids = torch.randint(0, target.spec.vocab_size, (7,), generator=g)
+    feats = torch.randn(7, 64, generator=g).to(dt)
+    ids = torch.randint(0, 260, (7,), generator=g)
     mask = torch.ones(4, 7, dtype=torch.bool).tril_(diagonal=3)
     mask[3, 4] = False  # a tree row that does not see a sibling
     outs = []
-    for layer in (head.layer, None):
-        head.layer = layer
+    for backend in (_backend(build, dt), TorchBackend(dt)):
+        head = Eagle3DraftHead.load(tiny_head_dir, load_target(tiny_model_dir, dt, backend), dt)
+        assert head.backend is backend
         cache = head.new_cache(16)
         head.forward(feats[:3], ids[:3], torch.arange(3), cache, 0)
         before = feats.clone()
         logits, out = head.forward(feats[3:], ids[3:], torch.tensor([3, 4, 4, 5]), cache, 3, mask, last_only)
         assert torch.equal(feats, before)
         outs.append((logits, out, cache.k[:, :, :7].clone(), cache.v[:, :, :7].clone()))
-    assert outs[0][0].shape == ((1 if last_only else 4), head.lm_head.w.shape[1])
+    assert outs[0][0].shape == ((1 if last_only else 4), 260)
+    tol = dict(atol=1e-4, rtol=1e-4) if dt == torch.float32 else dict(atol=0.05, rtol=0.02)
     for a, b in zip(*outs):
-        torch.testing.assert_close(a.float(), b.float(), atol=0.05, rtol=0.02)
-
-
-def test_top_logp_is_torch_s_log_softmax_top_k(tiny_model_dir, tiny_head_dir):
-    """Drafting's top-k in one compiled pass: torch's ids and, to float rounding, its log-probs; ties to the earlier
-    id; k above the vocabulary gives the whole row."""
-    from eagle_trt.models.draft_head import Eagle3DraftHead
-
-    head = Eagle3DraftHead.load(tiny_head_dir, _target(tiny_model_dir), BF)
-    g = torch.Generator().manual_seed(5)
-    # Distinct integers (exact in bf16), so torch's order is defined; then a planted tie.
-    logits = torch.stack([torch.randperm(250, generator=g) - 125 for _ in range(4)]).to(BF) / 16
-    logits[2, 200] = logits[2, 30] = logits[2].max() + 1  # a tie for the top: 30 first
-    for k in (1, 2, 8):
-        vals, idx = head.top_logp(logits, k)
-        want_vals, want_idx = torch.log_softmax(logits.float(), -1).topk(k, dim=-1)
-        torch.testing.assert_close(vals, want_vals, atol=1e-5, rtol=1e-5)
-        assert torch.equal(idx[[0, 1, 3]], want_idx[[0, 1, 3]])
-        assert int(idx[2, 0]) == 30 and (k == 1 or int(idx[2, 1]) == 200)
-    vals, idx = head.top_logp(logits[:, :5], 9)
-    assert vals.shape == (4, 5) and sorted(idx[0].tolist()) == [0, 1, 2, 3, 4]
-    torch.testing.assert_close(vals.exp().sum(-1), torch.ones(4), atol=1e-3, rtol=0)
-
-
-def test_a_swapped_attention_takes_the_layer_loop(tiny_model_dir):
-    """The stack calls the compiled attention itself: a target whose attention was replaced runs its layer loop."""
-    target = _target(tiny_model_dir)
-    calls = []
-    kernel = target.attend
-
-    def counted(q, k, v, mask):
-        calls.append(q.shape[1])
-        return kernel(q, k, v, mask)
-
-    target.attend = counted
-    target.forward(torch.tensor([3, 4]), torch.arange(2), target.new_cache(8))
-    assert calls == [2] * target.spec.num_layers
+        torch.testing.assert_close(a.float(), b.float(), **tol)

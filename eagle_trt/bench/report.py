@@ -76,7 +76,8 @@ def markdown(results: dict) -> str:
     lines += [f"- engine: `{cfg.get('engine')}`",
               f"- prompts: {cfg.get('prompts')} ({cfg.get('num_prompts')} prompts), "
               f"max_new_tokens {cfg.get('max_new_tokens')}, repeats {cfg.get('repeats')}, "
-              f"threads {cfg.get('threads')}", f"- command: `{cfg.get('command', '')}`", ""]
+              f"threads {cfg.get('threads')}, kernels {cfg.get('kernels', '?')}",
+              f"- command: `{cfg.get('command', '')}`", ""]
     failures, warnings = results["failures"], results["warnings"]
     n_checks = sum(1 for c in results["checks"] if c["fatal"])
     if failures:

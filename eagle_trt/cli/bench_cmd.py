@@ -81,15 +81,16 @@ def _bench(engine, out, prompts, limit, max_new_tokens, repeats, methods, thread
     else:
         print_wide(summary_table(results))
         roof = results.get("roofline")
+        line = f"kernels {results['config'].get('kernels')}"
         if roof:
-            line = f"roofline {roof['roofline_tokens_per_second']:.1f} tok/s"
+            line += f"; roofline {roof['roofline_tokens_per_second']:.1f} tok/s"
             if "ar_fraction_of_roofline" in roof:
                 line += f"; ar at {roof['ar_fraction_of_roofline']:.0%} of it"
             if "forward_16_over_1" in roof:
                 line += f"; 16-token forward = {roof['forward_16_over_1']:.2f}× a 1-token forward"
             if "tree_draft_share" in roof:
                 line += f"; drafting = {roof['tree_draft_share']:.0%} of a tree step"
-            console.print(line, soft_wrap=True)
+        console.print(line, soft_wrap=True)
         for w in results["warnings"][:5]:
             console.print(f"[yellow]note:[/] {w['method']} differs from {w['reference']} on {w['prompt']} "
                           f"at token {w['first_difference']} (HF numerics, not a failure)", soft_wrap=True)

@@ -149,6 +149,7 @@ def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, t
         ["fp8 KV cache"] if session.config.kv_cache_dtype == "fp8" else [])
     metrics["lossy"], metrics["lossy_reasons"] = bool(reasons), reasons
     metrics["lossless"], metrics["lossless_note"] = lossless(session, opts, reasons)
+    metrics["kernels"] = session.kernels
     if json_out:
         print_json({"text": text, "token_ids": result.token_ids, "prompt_token_ids": ids,
                     "options": {k: v for k, v in vars(opts).items() if k != "eos_token_ids"}, "metrics": metrics})
@@ -182,6 +183,8 @@ def metrics_table(m: dict) -> Table:
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
     table.add_row("generated tokens", str(m["generated_tokens"]))
+    if m.get("kernels"):
+        table.add_row("kernels", m["kernels"])
     table.add_row("tokens/s", f"{m['tokens_per_second']:.2f}")
     table.add_row("acceptance length τ", f"{m['acceptance_length']:.2f}")
     if m["acceptance_per_depth"]:

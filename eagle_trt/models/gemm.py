@@ -1,4 +1,4 @@
-"""Fixed-weight projections `y = x @ W` with the fastest CPU kernel for the dtype and the number of rows.
+"""The torch reference backend's projections `y = x @ W`, with the fastest torch kernel for the dtype and rows.
 
 Profiled on the project machine (`python scripts/kernel_timings.py --threads 2`: SmolLM2's [576, 3072],
 30 distinct weights so nothing stays in cache):
@@ -8,16 +8,13 @@ Profiled on the project machine (`python scripts/kernel_timings.py --threads 2`:
 | `x @ W` (W stored [in, out])    | 0.19 ms     | 0.70-0.75 ms  | 0.22 ms     | 0.18-0.27 ms  |
 | oneDNN, weight prepacked once   | 0.28 ms     | 0.44 ms       | 0.11 ms     | 0.11 ms       |
 
-So a plain GEMM serves fp32 decoding (one row), and a weight prepacked for oneDNN serves tree
-verification (many rows). Prepacking copies the weight, so fp32 keeps both layouts (about twice the weight
-memory). Where oneDNN is missing (other builds, GPU tensors) every call is a plain `x @ W`.
+So a plain GEMM serves fp32 decoding (one row), and a weight prepacked for oneDNN serves tree verification (many
+rows); prepacking copies the weight, so fp32 keeps both layouts. bf16 takes oneDNN's prepacked kernel for every
+call where the CPU multiplies bf16 in hardware: up to 32 rows it computes each output row independently of how many
+rows are in the call, and larger calls are split into 32-row chunks, so a bf16 verify row equals decoding it alone.
+Where oneDNN is missing (other builds, GPU tensors) every call is a plain `x @ W`.
 
-bf16 weights go to the AMX kernel (models/native_gemm.py) on CPUs that have AMX and a C++ compiler: every output
-row a function of its input row at any row count, and a whole layer's projections about a quarter faster than
-oneDNN's at 1 to 32 rows (`kernel_timings.py` prints both). Elsewhere bf16 takes oneDNN's prepacked kernel, which
-up to 32 rows computes each output row independently of how many rows are in the call; larger calls are split into
-32-row chunks (tests/test_gemm.py checks both). Either way a T-token verify forward gives the same bits as T
-one-token forwards.
+The engine's compiled kernels (models/native/) replace all of this on x86-64 CPUs with AVX2 and a C++ compiler.
 """
 
 from __future__ import annotations
@@ -25,8 +22,6 @@ from __future__ import annotations
 import os
 
 import torch
-
-from eagle_trt.models import native_gemm
 
 # Row count the packed layout is tuned for (the default tree verifies 16 tokens plus the root).
 PACK_ROWS = 16
@@ -46,22 +41,16 @@ def prepack_enabled() -> bool:
 class Projection:
     """y = x @ W for W [in, out] (stored transposed from the checkpoint's [out, in])."""
 
-    __slots__ = ("w", "packed", "single_row_packed", "amx", "amx_kernel")
+    __slots__ = ("w", "packed", "single_row_packed")
 
-    def __init__(self, w: torch.Tensor, prepack: bool | None = None, amx: bool = True):
+    def __init__(self, w: torch.Tensor, prepack: bool | None = None):
         self.w = w
         self.packed = None
         self.single_row_packed = False
-        self.amx = None  # the weight in the AMX kernel's tile layout (bf16 on CPUs with AMX)
-        self.amx_kernel = None
         if prepack is None:
             prepack = prepack_enabled()
-        # amx=False keeps a bf16 weight on oneDNN (for timing the two side by side).
-        kernel = native_gemm.load() if prepack and amx and w.dtype == torch.bfloat16 else None
-        if kernel is not None and kernel.supports(w):
-            self.amx, self.amx_kernel = kernel.pack(w), kernel
-            return
-        if prepack and w.device.type == "cpu" and w.dtype in _PACKABLE and w.dim() == 2:
+        if prepack and w.device.type == "cpu" and w.dtype in _PACKABLE and w.dim() == 2 and (
+                w.dtype == torch.float32 or bf16_hardware()):
             try:
                 packed = torch.ops.mkldnn._reorder_linear_weight(w.t().contiguous(), PACK_ROWS)
                 probe = torch.ones(2, w.shape[0], dtype=w.dtype)
@@ -72,10 +61,16 @@ class Projection:
             except (RuntimeError, NotImplementedError):
                 self.packed = None
 
+    @property
+    def in_features(self) -> int:
+        return self.w.shape[0]
+
+    @property
+    def out_features(self) -> int:
+        return self.w.shape[1]
+
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """x [M, in] -> [M, out]. `out`: a buffer the AMX kernel may write into (use the return value)."""
-        if self.amx is not None and x.dim() == 2:
-            return self.amx_kernel(x, self.amx, self.w.shape[1], out)
+        """x [M, in] -> [M, out] (`out` is accepted for the native projections' signature and not used)."""
         if self.packed is None or x.dim() != 2 or (x.shape[0] == 1 and not self.single_row_packed):
             return x @ self.w
         x = x.contiguous()
@@ -86,21 +81,21 @@ class Projection:
         return self._packed(x)
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
-        """torch.argmax(self(x), dim=-1), from the AMX kernel without writing the product where it serves this
-        weight, else from the product."""
-        if self.amx is not None and x.dim() == 2 and x.dtype == torch.bfloat16:
-            return self.amx_kernel.argmax(x, self.amx, self.w.shape[1])
         return self(x).argmax(dim=-1)
 
     def _packed(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
 
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AMX tiles or AVX512-BF16); without it, bf16 GEMMs
-    are emulated and run far slower than fp32 (~300x was seen on an AVX2-only machine)."""
+def bf16_hardware() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AMX tiles or AVX512-BF16) for torch's kernels, as far as
+    EAGLE_TRT_ISA lets the engine see (`models/native/isa.py`)."""
     import torch.cpu
 
+    from eagle_trt.models.native import isa
+
+    if isa.hides_bf16_hardware():
+        return False
     for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
         fn = getattr(torch.cpu, probe, None)
         try:
@@ -109,3 +104,12 @@ def cpu_has_native_bf16() -> bool:
         except RuntimeError:
             continue
     return False
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether a bf16 engine runs at full speed on this CPU: the compiled kernels (AVX2 and up: bf16 storage, fp32
+    or AMX math), or hardware bf16 for torch's. Without either, bf16 matmuls are emulated and run far slower than
+    fp32 (~300x was seen on an AVX2-only machine)."""
+    from eagle_trt.models import native
+
+    return native.library_or_none() is not None or bf16_hardware()

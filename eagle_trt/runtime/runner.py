@@ -19,7 +19,6 @@ import torch
 
 from eagle_trt.errors import InputError
 from eagle_trt.models.draft_head import Eagle3DraftHead
-from eagle_trt.models.gemm import INVARIANT_ROWS
 from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.runtime.drafter import Drafter
 from eagle_trt.runtime.metrics import GenerationMetrics, StepRecord
@@ -283,10 +282,10 @@ class Runner:
 
     def _greedy_next(self, tree: Tree, hidden: torch.Tensor) -> torch.Tensor:
         """The target's argmax after each node (-1 where not computed). The LM head is one pass over its weight
-        for any row count up to `INVARIANT_ROWS`, so a tree that fits is scored whole, leaves included (the bonus
-        then needs no second pass). A larger one gets logits only where a child is checked (the root and inner
+        for any row count up to `target.lm_head_rows`, so a tree that fits is scored whole, leaves included (the
+        bonus then needs no second pass). A larger one gets logits only where a child is checked (the root and inner
         nodes), and a leaf's only when the accepted path ends there."""
-        if tree.tokens.numel() <= INVARIANT_ROWS:
+        if tree.tokens.numel() <= self.target.lm_head_rows:
             return self.target.greedy(hidden)
         inner = torch.unique(torch.cat([tree.parents[1:], torch.zeros(1, dtype=torch.long)]))
         target_next = torch.full_like(tree.tokens, -1)

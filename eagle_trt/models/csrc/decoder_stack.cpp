@@ -1,11 +1,10 @@
-// The bf16 target's whole decoder stack in one call: every layer's norms, projections, RoPE + cache write,
-// attention and MLP, then the final norm.
+// The target's whole decoder stack in one call: every layer's norms, projections, RoPE + cache write, attention and
+// MLP, then the final norm, for fp32 or bf16 activations and whichever projection kernel the engine chose.
 //
-// Why: a one-token forward makes about 270 kernel calls (9 a layer, 30 layers). From Python each costs a ctypes
-// transition, argument checks and tensor views, about a millisecond a token in all: close to a tenth of a decode
-// step. Here the same kernels run in the same order on the same buffers, so the result is the same bits as the
-// layer loop in models/llama.py (tests/test_decoder_stack.py), and a verify row still equals decoding its token
-// alone.
+// Why: a one-token forward makes about 270 kernel calls (9 a layer, 30 layers), each of which from Python would cost
+// a ctypes transition, argument checks and tensor views. Here the kernels run in a fixed order on the same buffers,
+// and each of them keeps every row a function of that row alone, so a verify row still equals decoding its token
+// alone (tests/test_native_stack.py against the torch reference).
 //
 // Each layer: h = norm(x + pending MLP output); qkv = h @ Wqkv; q, k, v roped, k and v into the cache; attention;
 // h = norm(x += attention @ Wo); pending = silu(h @ Wgate) * (h @ Wup) @ Wdown. Layer i's output (x after its MLP
@@ -16,8 +15,11 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "stack_common.h"
 
 namespace {
+
+using namespace eagle_trt;
 
 // Per-layer pointers, in this order (one row of the caller's table).
 enum Slot { kInputNorm, kQkv, kQkvBias, kO, kPostNorm, kGateUp, kDown, kSlots };
@@ -27,19 +29,22 @@ struct Dims {
 };
 
 // Scratch layout: one caller buffer carved into the layer's intermediates (each read before the next layer writes
-// it, as in the Python loop).
+// it).
+template <typename T>
 struct Scratch {
-    uint16_t *h, *qkv, *q, *att, *o, *gu, *a, *d;
+    T *h, *qkv, *q, *att, *o, *gu, *a, *d;
 };
 
 // x [T, hidden] into feature slot j of aux_out [T, n_aux * hidden].
-void copy_feature(const uint16_t* x, int64_t T, int64_t hidden, int64_t n_aux, int64_t j, uint16_t* aux_out) {
-    for (int64_t t = 0; t < T; ++t)
-        std::memcpy(aux_out + (t * n_aux + j) * hidden, x + t * hidden, hidden * sizeof(uint16_t));
+template <typename T>
+void copy_feature(const T* x, int64_t rows, int64_t hidden, int64_t n_aux, int64_t j, T* aux_out) {
+    for (int64_t t = 0; t < rows; ++t)
+        std::memcpy(aux_out + (t * n_aux + j) * hidden, x + t * hidden, hidden * sizeof(T));
 }
 
-Scratch carve(uint16_t* base, const Dims& s) {
-    Scratch w;
+template <typename T>
+Scratch<T> carve(T* base, const Dims& s) {
+    Scratch<T> w;
     const int64_t qkv_w = (s.H + 2 * s.Hkv) * s.D;
     w.h = base;
     w.qkv = w.h + s.T * s.hidden;
@@ -52,60 +57,84 @@ Scratch carve(uint16_t* base, const Dims& s) {
     return w;
 }
 
+template <typename T>
+int stack(T* x, const void* const* weights, int64_t L, const T* final_norm, T* h_out, const T* cos, const T* sin,
+          T* k_cache, T* v_cache, int64_t layer_stride, int64_t head_stride, int64_t row_stride, int64_t start,
+          const uint8_t* mask, const Dims& s, float eps, const int64_t* aux_layers, int64_t n_aux, T* aux_out,
+          T* scratch, Projection project, int threads) {
+    constexpr int bf16 = sizeof(T) == 2;
+    const Scratch<T> w = carve(scratch, s);
+    const int64_t T_ = s.T, hidden = s.hidden, H = s.H, Hkv = s.Hkv, D = s.D, I = s.I;
+    const int64_t qkv_w = (H + 2 * Hkv) * D, S = start + T_;
+    const float scale = attention_scale(D);
+    const T* pending = nullptr;
+    int64_t next_aux = 0;
+    int rc = 0;
+    for (int64_t i = 0; i < L; ++i) {
+        const void* const* lw = weights + i * kSlots;
+        if ((rc = eagle_trt_add_rms_norm(x, pending, lw[kInputNorm], w.h, T_, hidden, eps, bf16, threads))) return rc;
+        if (next_aux < n_aux && aux_layers[next_aux] == i - 1)  // x is now layer i-1's output
+            copy_feature(x, T_, hidden, n_aux, next_aux++, aux_out);
+        if ((rc = project(w.h, lw[kQkv], w.qkv, T_, hidden, qkv_w, threads))) return rc;
+        T* kc = k_cache + i * layer_stride;
+        T* vc = v_cache + i * layer_stride;
+        if ((rc = eagle_trt_rope_qkv(w.qkv, lw[kQkvBias], cos, sin, w.q, kc, head_stride, row_stride, vc, head_stride,
+                                     row_stride, start, T_, H, Hkv, D, bf16, threads)))
+            return rc;
+        if ((rc = eagle_trt_tree_attention(w.q, T_ * D, D, kc, head_stride, row_stride, vc, head_stride, row_stride,
+                                           mask, w.att, static_cast<int>(H), static_cast<int>(Hkv),
+                                           static_cast<int>(T_), static_cast<int>(S), static_cast<int>(D), scale, bf16,
+                                           threads)))
+            return rc;
+        if ((rc = project(w.att, lw[kO], w.o, T_, H * D, hidden, threads))) return rc;
+        if ((rc = eagle_trt_add_rms_norm(x, w.o, lw[kPostNorm], w.h, T_, hidden, eps, bf16, threads))) return rc;
+        if ((rc = project(w.h, lw[kGateUp], w.gu, T_, hidden, 2 * I, threads))) return rc;
+        if ((rc = eagle_trt_silu_mul(w.gu, w.a, T_, I, bf16, threads))) return rc;
+        if ((rc = project(w.a, lw[kDown], w.d, T_, I, hidden, threads))) return rc;
+        pending = w.d;
+    }
+    if ((rc = eagle_trt_add_rms_norm(x, pending, final_norm, h_out, T_, hidden, eps, bf16, threads))) return rc;
+    if (next_aux < n_aux && aux_layers[next_aux] == L - 1) copy_feature(x, T_, hidden, n_aux, next_aux++, aux_out);
+    return next_aux == n_aux ? 0 : -2;  // an aux id out of range or out of order
+}
+
 }  // namespace
 
 extern "C" {
 
-// Elements of scratch the stack needs for T rows (native_stack.py allocates it).
+// Elements of scratch (of the activations' dtype) the stack needs for T rows (native/stack.py allocates it).
 int64_t eagle_trt_stack_scratch(int64_t T, int64_t hidden, int64_t H, int64_t Hkv, int64_t D, int64_t I) {
     return T * (3 * hidden + (H + 2 * Hkv) * D + 2 * H * D + 3 * I);
 }
 
-// x: [T, hidden] bf16, the embedded tokens, updated in place to the last layer's output. weights: [L][kSlots]
-// pointers (input norm, packed qkv, qkv bias or null, packed o, post norm, packed gate_up, packed down). cos, sin:
-// [T, D]. k_cache, v_cache: the [L, Hkv, capacity, D] caches (strides in elements). mask: [T, start + T] bytes or
-// null (one row). aux_layers: n_aux ascending layer ids; aux_out: [T, n_aux * hidden] or null. h_out: [T, hidden],
-// the final norm of the output. Returns 0, or the first failing kernel's code.
-int eagle_trt_decoder_stack(uint16_t* x, const uint16_t* const* weights, int64_t L, const uint16_t* final_norm,
-                            uint16_t* h_out, const uint16_t* cos, const uint16_t* sin, uint16_t* k_cache,
-                            uint16_t* v_cache, int64_t layer_stride, int64_t head_stride, int64_t row_stride,
-                            int64_t start, const uint8_t* mask, int64_t T, int64_t hidden, int64_t H, int64_t Hkv,
-                            int64_t D, int64_t I, float eps, const int64_t* aux_layers, int64_t n_aux,
-                            uint16_t* aux_out, uint16_t* scratch, int threads) {
+// x: [T, hidden], the embedded tokens, updated in place to the last layer's output. weights: [L][kSlots] pointers
+// (input norm, packed qkv, qkv bias or null, packed o, post norm, packed gate_up, packed down). cos, sin: [T, D].
+// k_cache, v_cache: the [L, Hkv, capacity, D] caches (strides in elements). mask: [T, start + T] bytes or null (one
+// row). aux_layers: n_aux ascending layer ids; aux_out: [T, n_aux * hidden] or null. h_out: [T, hidden], the final
+// norm of the output. Every tensor fp32, or every one bf16 (bf16 = 1); amx = 1: the projections are packed for the
+// AMX kernel (bf16 only), else for eagle_trt_gemm. Returns 0, or the first failing kernel's code.
+int eagle_trt_decoder_stack(void* x, const void* const* weights, int64_t L, const void* final_norm, void* h_out,
+                            const void* cos, const void* sin, void* k_cache, void* v_cache, int64_t layer_stride,
+                            int64_t head_stride, int64_t row_stride, int64_t start, const uint8_t* mask, int64_t T,
+                            int64_t hidden, int64_t H, int64_t Hkv, int64_t D, int64_t I, float eps,
+                            const int64_t* aux_layers, int64_t n_aux, void* aux_out, void* scratch, int bf16, int amx,
+                            int threads) {
     if (T <= 0 || L <= 0 || D <= 0) return -2;
+    const Projection project = projection(bf16, amx);
+    if (!project) return -2;
     const Dims s{T, hidden, H, Hkv, D, I};
-    const Scratch w = carve(scratch, s);
-    const int64_t qkv_w = (H + 2 * Hkv) * D, S = start + T;
-    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));  // as native_attention.py
-    const uint16_t* pending = nullptr;
-    int64_t next_aux = 0;
-    int rc = 0;
-    for (int64_t i = 0; i < L; ++i) {
-        const uint16_t* const* lw = weights + i * kSlots;
-        if ((rc = eagle_trt_add_rms_norm(x, pending, lw[kInputNorm], w.h, T, hidden, eps, threads))) return rc;
-        if (next_aux < n_aux && aux_layers[next_aux] == i - 1)  // x is now layer i-1's output
-            copy_feature(x, T, hidden, n_aux, next_aux++, aux_out);
-        if ((rc = eagle_trt_amx_gemm(w.h, lw[kQkv], w.qkv, T, hidden, qkv_w, threads))) return rc;
-        uint16_t* kc = k_cache + i * layer_stride;
-        uint16_t* vc = v_cache + i * layer_stride;
-        if ((rc = eagle_trt_rope_qkv(w.qkv, lw[kQkvBias], cos, sin, w.q, kc, head_stride, row_stride, vc, head_stride,
-                                     row_stride, start, T, H, Hkv, D, threads)))
-            return rc;
-        if ((rc = eagle_trt_tree_attention(w.q, T * D, D, kc, head_stride, row_stride, vc, head_stride, row_stride,
-                                           mask, w.att, static_cast<int>(H), static_cast<int>(Hkv),
-                                           static_cast<int>(T), static_cast<int>(S), static_cast<int>(D), scale, 1,
-                                           threads)))
-            return rc;
-        if ((rc = eagle_trt_amx_gemm(w.att, lw[kO], w.o, T, H * D, hidden, threads))) return rc;
-        if ((rc = eagle_trt_add_rms_norm(x, w.o, lw[kPostNorm], w.h, T, hidden, eps, threads))) return rc;
-        if ((rc = eagle_trt_amx_gemm(w.h, lw[kGateUp], w.gu, T, hidden, 2 * I, threads))) return rc;
-        if ((rc = eagle_trt_silu_mul(w.gu, w.a, T, I, threads))) return rc;
-        if ((rc = eagle_trt_amx_gemm(w.a, lw[kDown], w.d, T, I, hidden, threads))) return rc;
-        pending = w.d;
-    }
-    if ((rc = eagle_trt_add_rms_norm(x, pending, final_norm, h_out, T, hidden, eps, threads))) return rc;
-    if (next_aux < n_aux && aux_layers[next_aux] == L - 1) copy_feature(x, T, hidden, n_aux, next_aux++, aux_out);
-    return next_aux == n_aux ? 0 : -2;  // an aux id out of range or out of order
+    if (bf16)
+        return stack(static_cast<uint16_t*>(x), weights, L, static_cast<const uint16_t*>(final_norm),
+                     static_cast<uint16_t*>(h_out), static_cast<const uint16_t*>(cos),
+                     static_cast<const uint16_t*>(sin), static_cast<uint16_t*>(k_cache),
+                     static_cast<uint16_t*>(v_cache), layer_stride, head_stride, row_stride, start, mask, s, eps,
+                     aux_layers, n_aux, static_cast<uint16_t*>(aux_out), static_cast<uint16_t*>(scratch), project,
+                     threads);
+    return stack(static_cast<float*>(x), weights, L, static_cast<const float*>(final_norm),
+                 static_cast<float*>(h_out), static_cast<const float*>(cos), static_cast<const float*>(sin),
+                 static_cast<float*>(k_cache), static_cast<float*>(v_cache), layer_stride, head_stride, row_stride,
+                 start, mask, s, eps, aux_layers, n_aux, static_cast<float*>(aux_out), static_cast<float*>(scratch),
+                 project, threads);
 }
 
 }  // extern "C"

@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "amx.h"
+#include "kernels.h"
 
 #ifdef _OPENMP
 #include <omp.h>

@@ -1,19 +1,64 @@
-// The library's C entry points that other kernels of it call (decoder_stack.cpp, draft_layer.cpp): defined in
-// row_ops.cpp, gemm_amx.cpp and tree_attention.cpp, documented there.
+// Every C entry point of the kernel library, in one place. Each .cpp includes this header, so the compiler checks
+// every definition against its declaration here (an extern "C" function cannot be overloaded), and the Python side
+// reads its ctypes argument types from this file (eagle_trt/models/native/bindings.py): one table for both.
+//
+// Conventions: returns 0 on success, -1 when working memory ran out, -2 for a shape the kernel does not take, -3
+// when this build lacks the kernel (AMX). `bf16` selects the activations' dtype: 0 fp32, 1 bfloat16 (uint16 bits).
+// `threads` is the OpenMP team size. Pointers to tensors are void*; strides are in elements.
 #pragma once
 
 #include <cstdint>
 
 extern "C" {
-int eagle_trt_add_rms_norm(uint16_t* x, const uint16_t* delta, const uint16_t* w, uint16_t* h, int64_t T, int64_t n,
-                           float eps, int threads);
-int eagle_trt_rope_qkv(const uint16_t* qkv, const uint16_t* bias, const uint16_t* cos, const uint16_t* sin,
-                       uint16_t* q_out, uint16_t* k_cache, int64_t k_sh, int64_t k_sr, uint16_t* v_cache, int64_t v_sh,
-                       int64_t v_sr, int64_t start, int64_t T, int64_t H, int64_t Hkv, int64_t D, int threads);
-int eagle_trt_silu_mul(const uint16_t* gu, uint16_t* out, int64_t T, int64_t I, int threads);
+
+// What this build runs: 3 AMX (tiles granted to the process), 2 AVX-512, 1 AVX2 + FMA, 0 none of them.
+int eagle_trt_isa(void);
+// Lanes of one fp32 vector in this build (16 with AVX-512, else 8): the projections' packed layout depends on it.
+int eagle_trt_lanes(void);
+
+// Row-invariant projections (gemm_simd.cpp): out [M, N] = x [M, K] @ W for fp32 or bf16 weights, in fp32.
+int64_t eagle_trt_gemm_packed_size(int64_t K, int64_t N);
+int eagle_trt_gemm_pack(const void* w, void* packed, int64_t K, int64_t N, int bf16);
+int eagle_trt_gemm(const void* x, const void* packed, void* out, int64_t M, int64_t K, int64_t N, int bf16,
+                   int threads);
+
+// bf16 projections on AMX tiles (gemm_amx.cpp).
+int eagle_trt_amx_available(void);
+int eagle_trt_amx_pack(const uint16_t* w, uint16_t* packed, int64_t K, int64_t N);
 int eagle_trt_amx_gemm(const uint16_t* x, const uint16_t* packed, uint16_t* out, int64_t M, int64_t K, int64_t N,
                        int threads);
+int eagle_trt_amx_gemm_argmax(const uint16_t* x, const uint16_t* packed, int64_t* out, int64_t M, int64_t K, int64_t N,
+                              int threads);
+
+// Row ops (row_ops.cpp).
+int eagle_trt_add_rms_norm(void* x, const void* delta, const void* w, void* h, int64_t T, int64_t n, float eps,
+                           int bf16, int threads);
+int eagle_trt_rope_qkv(const void* qkv, const void* bias, const void* cos, const void* sin, void* q_out,
+                       void* k_cache, int64_t k_sh, int64_t k_sr, void* v_cache, int64_t v_sh, int64_t v_sr,
+                       int64_t start, int64_t T, int64_t H, int64_t Hkv, int64_t D, int bf16, int threads);
+int eagle_trt_silu_mul(const void* gu, void* out, int64_t T, int64_t I, int bf16, int threads);
+int eagle_trt_argmax(const void* x, int64_t T, int64_t n, int bf16, int64_t* out);
+
+// Attention (tree_attention.cpp).
 int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const void* k, int64_t k_sh, int64_t k_sr,
                              const void* v, int64_t v_sh, int64_t v_sr, const uint8_t* mask, void* out, int H,
                              int Hkv, int T, int S, int D, float scale, int bf16, int threads);
+
+// The target's decoder stack in one call (decoder_stack.cpp).
+int64_t eagle_trt_stack_scratch(int64_t T, int64_t hidden, int64_t H, int64_t Hkv, int64_t D, int64_t I);
+int eagle_trt_decoder_stack(void* x, const void* const* weights, int64_t L, const void* final_norm, void* h_out,
+                            const void* cos, const void* sin, void* k_cache, void* v_cache, int64_t layer_stride,
+                            int64_t head_stride, int64_t row_stride, int64_t start, const uint8_t* mask, int64_t T,
+                            int64_t hidden, int64_t H, int64_t Hkv, int64_t D, int64_t I, float eps,
+                            const int64_t* aux_layers, int64_t n_aux, void* aux_out, void* scratch, int bf16, int amx,
+                            int threads);
+
+// The draft head's forward in one call, and drafting's top-k log-probs (draft_layer.cpp).
+int64_t eagle_trt_draft_scratch(int64_t T, int64_t hidden, int64_t H, int64_t Hkv, int64_t D, int64_t I);
+int eagle_trt_draft_layer(const void* const* w, const void* hidden, const void* e, int prenorm, const void* cos,
+                          const void* sin, void* k_cache, void* v_cache, int64_t head_stride, int64_t row_stride,
+                          int64_t start, const uint8_t* mask, int64_t T, int64_t n, int64_t H, int64_t Hkv, int64_t D,
+                          int64_t I, int64_t vocab, float eps, int last_only, void* out, void* logits, void* scratch,
+                          int bf16, int amx, int threads);
+int eagle_trt_top_logp(const void* logits, int64_t rows, int64_t V, int k, float* vals, int64_t* idx, int bf16);
 }

@@ -140,6 +140,41 @@ inline void vstore_bf16(uint16_t* p, vf f) {
     std::memcpy(p, &h, sizeof h);
 }
 
+// f rounded to bf16 and back, on every lane (what storing a bf16 tensor and reading it again gives).
+inline vf vround_bf16(vf f) {
+    const vu32 u = vround_bits(f) << 16;
+    vf r;
+    std::memcpy(&r, &u, sizeof r);
+    return r;
+}
+
+// Activations of either engine dtype through one code path: `float` (fp32 tensors) or `uint16_t` (bf16 bits).
+// load/store convert to and from fp32 (exact for bf16 loads; stores round to nearest even), and round() is what
+// storing a value in T and reading it back gives: the identity for fp32, the bf16 rounding torch's bf16 operators
+// apply after every operation. An fp32 kernel is thus its bf16 twin with every rounding step taken out.
+template <typename T>
+struct Elem;
+
+template <>
+struct Elem<float> {
+    static float get(const float* p) { return *p; }
+    static void put(float* p, float f) { *p = f; }
+    static float round(float f) { return f; }
+    static vf load(const float* p) { return vload(p); }
+    static void store(float* p, vf f) { vstore(p, f); }
+    static vf round(vf f) { return f; }
+};
+
+template <>
+struct Elem<uint16_t> {
+    static float get(const uint16_t* p) { return bf16_to_float(*p); }
+    static void put(uint16_t* p, float f) { *p = to_bf16(f); }
+    static float round(float f) { return bf16_to_float(to_bf16(f)); }
+    static vf load(const uint16_t* p) { return vload_bf16(p); }
+    static void store(uint16_t* p, vf f) { vstore_bf16(p, f); }
+    static vf round(vf f) { return vround_bf16(f); }
+};
+
 // Converts n elements (fp32 or bf16) to fp32.
 inline void to_float(const void* base, int64_t offset, int bf16, int n, float* dst) {
     if (!bf16) {

@@ -19,13 +19,15 @@
 // multiply-add is fused in one place and left apart in another. Threads split tasks (a few query rows of one KV
 // head), never a row, so the thread count changes no bit either.
 //
-// The Python side (eagle_trt/models/native_attention.py) compiles this file with the machine's C++ compiler
-// on first use and calls it through ctypes.
+// The Python side (eagle_trt/models/native/) compiles this file with the machine's C++ compiler on first use and
+// calls it through ctypes.
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
+#include "kernels.h"
 #include "simd.h"
 
 #ifdef _OPENMP
@@ -45,7 +47,7 @@ using namespace eagle_trt;
 constexpr int kRows = 3;
 
 struct Layout {
-    int H, Hkv, G, S, Sp, D, Dp;
+    int H, Hkv, G, S, Sp, D, Dp, T;
 };
 
 // A growable 64-byte-aligned buffer kept per thread across calls: the decode loop calls the kernel 30 times a
@@ -362,6 +364,15 @@ void finish_row(const Layout& L, int t, int hk, const float* raw, const float* v
         }
         sums[g] = lane_sum(total);
     }
+#ifdef EAGLE_TRT_MUTATE_ATTENTION
+    // Test-only (tests/test_native_mutation.py): the last row of a many-row call sums its values in reverse key order.
+    if (L.T > 1 && t == L.T - 1) {
+        for (int i = 0, j = n - 1; i < j; ++i, --j) {
+            std::swap(w.idx[i], w.idx[j]);
+            for (int g = 0; g < G; ++g) std::swap(w.scores[g * Sp + i], w.scores[g * Sp + j]);
+        }
+    }
+#endif
     // Output: weights times values, keys in order, one lane per element of head_dim.
     const float* vhead = vv + (int64_t)hk * S * Dp;
     switch (Dp / kLanes) {
@@ -420,7 +431,7 @@ int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const vo
                              const void* v, int64_t v_sh, int64_t v_sr, const uint8_t* mask, void* out, int H,
                              int Hkv, int T, int S, int D, float scale, int bf16, int threads) {
     if (Hkv <= 0 || H % Hkv != 0 || H / Hkv > 64 || D > 1024 || S <= 0) return -2;
-    Layout L{H, Hkv, H / Hkv, S, (S + kLanes - 1) / kLanes * kLanes, D, (D + kLanes - 1) / kLanes * kLanes};
+    Layout L{H, Hkv, H / Hkv, S, (S + kLanes - 1) / kLanes * kLanes, D, (D + kLanes - 1) / kLanes * kLanes, T};
     static thread_local Buffer b_kt, b_vv, b_kp;  // the calling thread's: K transposed and V as fp32; K packed
     float* kt = nullptr;
     uint16_t* kp = nullptr;

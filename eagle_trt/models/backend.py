@@ -1,0 +1,62 @@
+"""Which kernels run a model: chosen once, when its weights are loaded, and named in `run --json` and `bench`.
+
+    backend = choose_backend(torch.bfloat16, spec)
+    backend.name            # "amx", "avx512", "avx2" or "torch"
+    backend.row_invariant   # a verify row is bit-identical to decoding that token alone
+
+- amx / avx512 / avx2: the compiled kernels (models/native/), one compiled call per forward. AMX projections where
+  the CPU grants the tiles, the engine is bf16 and every projection's input size is a multiple of 32; otherwise
+  the vector kernels of this build (AVX-512, or AVX2 + FMA; EAGLE_TRT_ISA forces a lower one).
+- torch: the reference (models/reference.py): no compiler, EAGLE_TRT_NATIVE=0, a GPU, float16, or a shape the
+  kernels do not take. It stays the oracle the kernels are tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eagle_trt.models import native
+from eagle_trt.models.native import gemm as native_gemm
+from eagle_trt.models.native import ops as native_ops
+from eagle_trt.models.reference import TorchBackend
+
+
+def projection_inputs(spec) -> list[int]:
+    """Input sizes of a target's layer projections (qkv, o, gate_up, down) and LM head."""
+    return [spec.hidden_size, spec.num_heads * spec.head_dim, spec.intermediate_size]
+
+
+def head_inputs(spec, n_aux: int) -> list[int]:
+    """Input sizes of an EAGLE-3 head's projections (fc, qkv, o, gate_up, down, LM head)."""
+    return [n_aux * spec.hidden_size, 2 * spec.hidden_size, spec.num_heads * spec.head_dim, spec.hidden_size,
+            spec.intermediate_size]
+
+
+def unfit(spec) -> str | None:
+    """Why the kernels do not take this layer's shape, or None."""
+    if not native_ops.attention_fits(spec.num_heads, spec.num_kv_heads, spec.head_dim):
+        return f"attention heads {spec.num_heads}/{spec.num_kv_heads} x {spec.head_dim}"
+    if not native_ops.row_ops_fit(spec.num_heads, spec.num_kv_heads, spec.head_dim,
+                                  getattr(spec, "attention_bias", False)):
+        return f"head_dim {spec.head_dim}"
+    return None
+
+
+def choose_backend(dtype: torch.dtype, spec, device: torch.device | str = "cpu",
+                   inputs: list[int] | None = None):
+    """The backend for a model of this dtype and layer shape (`inputs`: its projections' input sizes, which decide
+    whether the AMX kernel takes them; default the target's)."""
+    device = torch.device(device)
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return TorchBackend(dtype, device)
+    lib = native.library()
+    if lib is None:
+        return TorchBackend(dtype, device, reason=native.unavailable())
+    why = unfit(spec)
+    if why is not None:
+        return TorchBackend(dtype, device, reason=f"the kernels do not take {why}")
+    from eagle_trt.models.native.backend import NativeBackend
+
+    amx = lib.backend == "amx" and dtype == torch.bfloat16 and all(
+        native_gemm.amx_fits(k) for k in (inputs or projection_inputs(spec)))
+    return NativeBackend(lib, dtype, amx=amx)

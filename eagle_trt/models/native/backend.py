@@ -1,0 +1,90 @@
+"""The compiled kernels as a model's backend (amx, avx512 or avx2): one compiled call per target forward and per
+draft-head forward, every row a function of that row alone, for fp32 and bf16 engines.
+
+    backend = NativeBackend(native.library(), torch.bfloat16, amx=True)
+    proj = backend.projection(w)                   # packed once for the chosen kernel
+    h, aux = backend.decoder_stack(backend.target_weights(layers, norm), spec, x, cos, sin, cache, start, mask, [1])
+
+A KV cache the kernels cannot write themselves (stored in another dtype than the engine's, such as fp8, or one that
+watches its writes) makes that forward run the torch reference loop with these projections and this attention.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eagle_trt.models import reference
+from eagle_trt.models.kv_cache import KVCache
+from eagle_trt.models.native import gemm, ops, stack
+
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _native_cache(cache, dtype) -> bool:
+    """Whether the kernels may write this cache themselves: stored in the engine's dtype, and a plain KVCache (a
+    subclass that hooks `write`, as FP8 calibration's amax cache does, must see every write)."""
+    return cache.k.dtype is dtype and not cache.quantized and type(cache).write is KVCache.write
+
+
+class NativeBackend:
+    row_invariant = True  # every kernel keeps each output row a function of that row alone (csrc/*.cpp)
+
+    def __init__(self, lib, dtype: torch.dtype, amx: bool = False):
+        if dtype not in _DTYPES:
+            raise ValueError(f"the native kernels take float32 or bfloat16, not {dtype}")
+        if amx and (dtype is not torch.bfloat16 or lib.backend != "amx"):
+            raise ValueError("AMX projections need a bf16 engine on a CPU that grants the tiles")
+        self.lib, self.dtype, self.amx = lib, dtype, amx
+        # The projections' kernel names the backend: AMX tiles, else this build's vectors.
+        self.name = "amx" if amx else ("avx512" if lib.isa_code >= 2 else "avx2")
+        self.attend = ops.Attention(lib)
+        self.lm_head_rows = gemm.AMX_ROWS if amx else gemm.SIMD_ROWS
+        self.reason = None
+
+    def without_amx(self) -> "NativeBackend":
+        """The same kernels with the projections on the vector kernel (for weights the AMX kernel does not take)."""
+        return NativeBackend(self.lib, self.dtype, amx=False) if self.amx else self
+
+    def projection(self, w: torch.Tensor) -> gemm.NativeProjection:
+        return gemm.NativeProjection(self.lib, w, amx=self.amx)
+
+    # ---- the target -----------------------------------------------------------------------------------------
+    def target_weights(self, layers, norm):
+        return stack.StackWeights(layers, norm), (layers, norm)
+
+    def decoder_stack(self, weights, spec, x, cos, sin, cache, start, mask, aux_layers):
+        table, (layers, norm) = weights
+        if not _native_cache(cache, self.dtype):
+            return reference.target_layers(layers, norm, spec, x, cos, sin, cache, start, mask, aux_layers,
+                                           self.attend)
+        return stack.decoder_stack(self.lib, table, spec, x.contiguous(), cos, sin, cache.k, cache.v, start, mask,
+                                   aux_layers)
+
+    # ---- the draft head -------------------------------------------------------------------------------------
+    def draft_weights(self, head):
+        try:
+            return stack.DraftWeights(head), head
+        except ValueError:  # a head whose LM head (the target's) is packed for another kernel: its layer loop
+            return None, head
+
+    def draft_layer(self, weights, spec, hidden, e, prenorm, cos, sin, cache, start, mask, last_only):
+        table, head = weights
+        if table is None or not _native_cache(cache, self.dtype):
+            return reference.draft_layer(head, spec, hidden, e, prenorm, cos, sin, cache, start, mask, last_only,
+                                         self.attend)
+        return stack.draft_layer(self.lib, table, spec, hidden, e, prenorm, cos, sin, cache.k[0], cache.v[0], start,
+                                 mask, last_only)
+
+    # ---- reading logits -------------------------------------------------------------------------------------
+    def greedy(self, lm_head, hidden: torch.Tensor) -> torch.Tensor:
+        """argmax(lm_head(hidden)) per row; on AMX the LM head and the argmax fused for up to 16 rows (one pass over
+        the weight; past that the plain product takes 32 rows a pass)."""
+        if lm_head.amx and hidden.shape[0] <= gemm.ARGMAX_ROWS:
+            return lm_head.argmax(hidden)
+        return ops.argmax(self.lib, lm_head(hidden))
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        return ops.argmax(self.lib, logits)
+
+    def top_logp(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return ops.top_logp(self.lib, logits, k)

@@ -1,0 +1,111 @@
+"""Compile the kernels (`models/csrc/*.cpp`) into one shared library, once per source, flags and CPU.
+
+The library goes to `$EAGLE_TRT_CACHE/kernels` (default `~/.cache/eagle-trt/kernels`), named by a hash of what it
+depends on. A file lock makes two processes that need the same build wait for one compile instead of running two;
+the result is written atomically and made readable by every user of a shared cache. `$CXX` (else g++, else c++)
+compiles it, within `EAGLE_TRT_BUILD_TIMEOUT` seconds (default 300). `EAGLE_TRT_CXXFLAGS` adds flags (the mutation
+tests build with a perturbing define this way).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from eagle_trt.models.native import isa
+
+CSRC = Path(__file__).resolve().parents[1] / "csrc"
+SOURCES = sorted(CSRC.glob("*.cpp"))
+HEADERS = sorted(CSRC.glob("*.h"))
+# -ffp-contract=off: no multiply-add is fused behind the kernels' back (they fuse explicitly where they mean to).
+# -Bsymbolic: the library's kernels call each other, never a same-named function of another build loaded beside it.
+FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared", "-std=c++17", "-Wl,-Bsymbolic"]
+LIBRARY_MODE = 0o755  # read (and map) by every user of a shared cache
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("EAGLE_TRT_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "eagle-trt") / "kernels"
+
+
+def compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "g++", "c++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def timeout_s() -> float:
+    return float(os.environ.get("EAGLE_TRT_BUILD_TIMEOUT", "300"))
+
+
+def flags(target_isa: str | None = None) -> list[str]:
+    """Every compiler flag of a build: optimisation and ABI, the ISA's -march, then EAGLE_TRT_CXXFLAGS."""
+    return [*FLAGS, *isa.march_flags(target_isa), *shlex.split(os.environ.get("EAGLE_TRT_CXXFLAGS", ""))]
+
+
+def library_path(cxx: str, build_flags: list[str], out_dir: Path) -> Path:
+    src = b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in (*SOURCES, *HEADERS))
+    key = hashlib.sha256(b"\0".join([src, cxx.encode(), " ".join(build_flags).encode(), isa.cpu_key().encode()]))
+    return out_dir / f"eagle_trt_kernels-{key.hexdigest()[:16]}.so"
+
+
+def build(cxx: str | None = None, out_dir: Path | None = None, target_isa: str | None = None) -> Path:
+    """The library's path, compiling it first if this source, compiler, flags and CPU have no build yet.
+
+    Raises RuntimeError with the compiler's message when it fails or runs past the timeout."""
+    cxx = cxx or compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
+    build_flags = flags(target_isa)
+    out_dir = out_dir or cache_dir()
+    target = library_path(cxx, build_flags, out_dir)
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(target.with_suffix(".lock")):
+        if not target.exists():  # another process may have built it while this one waited
+            _compile(cxx, build_flags, target)
+    return target
+
+
+class _locked:
+    """An exclusive flock on `path` for the duration of a `with` block."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+def _compile(cxx: str, build_flags: list[str], target: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
+    os.close(fd)
+    names = ", ".join(p.name for p in SOURCES)
+    try:
+        try:
+            proc = subprocess.run([cxx, *build_flags, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True,
+                                  timeout=timeout_s())
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{cxx} did not finish {names} within {timeout_s():.0f} s "
+                               "(EAGLE_TRT_BUILD_TIMEOUT)") from None
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cxx} failed on {names}: {proc.stderr.strip()[-2000:]}")
+        os.chmod(tmp, LIBRARY_MODE)
+        os.replace(tmp, target)  # atomic: a reader sees no library or the whole one
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -1,0 +1,143 @@
+"""The one-call forwards: the target's decoder stack (`csrc/decoder_stack.cpp`) and the draft head's layer
+(`csrc/draft_layer.cpp`), each all its kernels in one compiled call.
+
+The layer loop of a 30-layer target is about 270 kernel calls a forward; through ctypes each would cost a transition
+and its checks. These run the same kernels in C++, for fp32 or bf16 activations and either projection kernel (the
+packed weights say which), and every kernel keeps each row a function of that row alone.
+
+    table = StackWeights(layers, final_norm)
+    h, aux = decoder_stack(lib, table, spec, x, cos, sin, cache.k, cache.v, start, mask, aux_layers)
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from eagle_trt.models.native import ops
+
+_scratch: dict = {}
+
+
+def scratch(elements: int, dtype: torch.dtype) -> torch.Tensor:
+    """A work buffer of at least `elements`, kept and grown across calls: the one-call forwards carve their
+    intermediates from it instead of allocating per token. They run one at a time and return nothing that points
+    into it."""
+    buf = _scratch.get(dtype)
+    if buf is None or buf.numel() < elements:
+        buf = _scratch[dtype] = torch.empty(elements, dtype=dtype)
+    return buf
+
+
+def _table(tensors: list, dtype: torch.dtype, what: str):
+    for t in tensors:
+        if t is not None and (t.dtype is not dtype or not t.is_cpu or not t.is_contiguous()):
+            raise TypeError(f"the {what} takes contiguous {dtype} CPU weights, got {t.dtype}")
+    return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() if t is not None else None for t in tensors])
+
+
+def _same_kernel(projections, what: str) -> bool:
+    kinds = {p.amx for p in projections}
+    if len(kinds) != 1:
+        raise ValueError(f"the {what}'s projections must all be packed for one kernel")
+    return kinds.pop()
+
+
+class StackWeights:
+    """The target's per-layer pointer table (csrc/decoder_stack.cpp's slot order: input norm, qkv, qkv bias, o, post
+    norm, gate_up, down), built once; it keeps the tensors it points at alive."""
+
+    def __init__(self, layers, final_norm: torch.Tensor):
+        dtype = final_norm.dtype
+        rows = [[lw.input_norm, lw.qkv.w, lw.qkv_bias, lw.o.w, lw.post_norm, lw.gate_up.w, lw.down.w]
+                for lw in layers]
+        self.keep = [t for row in rows for t in row if t is not None] + [final_norm]
+        self.table = _table([t for row in rows for t in row], dtype, "decoder stack")
+        self.amx = _same_kernel([p for lw in layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)], "decoder stack")
+        self.final_norm, self.num_layers, self.dtype = final_norm, len(layers), dtype
+        self._ids: dict[tuple, torch.Tensor] = {}
+
+    def aux_ids(self, layers: list[int]) -> torch.Tensor:
+        """The feature layers as the kernel reads them (ascending, once each), made once per list."""
+        key = tuple(layers)
+        if key not in self._ids:
+            self._ids[key] = torch.tensor(sorted(set(layers)), dtype=torch.int64)
+        return self._ids[key]
+
+
+def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, dtype, need: int, what: str) -> None:
+    if k_cache.dtype is not dtype or v_cache.dtype is not dtype or v_cache.stride() != k_cache.stride() \
+            or k_cache.stride(-1) != 1:
+        raise TypeError(f"the {what} takes {dtype} K and V caches of one layout")
+    if need > k_cache.shape[-2]:
+        raise RuntimeError(f"KV cache full: need {need} slots, capacity {k_cache.shape[-2]}")
+
+
+def decoder_stack(lib, weights: StackWeights, spec, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, mask: torch.Tensor | None,
+                  aux_layers: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x [T, hidden] (updated in place to the last layer's output), cos/sin [T, D], caches [L, Hkv, capacity, D],
+    mask [T, start + T] bool or None -> (final-normed hidden [T, hidden], the aux layers' outputs
+    [T, len(aux_layers) * hidden] or None). Every tensor in the weights' dtype."""
+    dtype = weights.dtype
+    t, hidden = x.shape
+    if x.dtype is not dtype or not x.is_contiguous():
+        raise TypeError(f"the decoder stack takes a contiguous {dtype} input, got {x.dtype}")
+    _check_cache(k_cache, v_cache, dtype, start + t, "decoder stack")
+    cos, sin = cos.contiguous(), sin.contiguous()
+    m = ops.byte_mask(mask, t, start + t)
+    ids = weights.aux_ids(aux_layers)
+    aux = torch.empty(t, ids.numel() * hidden, dtype=dtype) if ids.numel() else None
+    h = torch.empty(t, hidden, dtype=dtype)
+    dims = (t, hidden, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.intermediate_size)
+    work = scratch(lib.stack_scratch(*dims), dtype)
+    rc = lib.decoder_stack(x.data_ptr(), weights.table, weights.num_layers, weights.final_norm.data_ptr(),
+                           h.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                           k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), start,
+                           m.data_ptr() if m is not None else None, *dims, spec.rms_norm_eps, ids.data_ptr(),
+                           ids.numel(), aux.data_ptr() if aux is not None else None, work.data_ptr(),
+                           ops.is_bf16(x), int(weights.amx), torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"native decoder stack failed (code {rc}) for {t} rows after {start} cached")
+    return h, aux
+
+
+class DraftWeights:
+    """The head's pointer table (csrc/draft_layer.cpp's slot order), built once; it keeps its tensors alive."""
+
+    def __init__(self, head):
+        projections = (head.qkv, head.o, head.gate_up, head.down, head.lm_head)
+        row = [head.input_norm, head.hidden_norm, head.qkv.w, head.o.w, head.post_norm, head.gate_up.w,
+               head.down.w, head.norm, head.lm_head.w]
+        self.dtype = head.norm.dtype
+        self.table = _table(row, self.dtype, "draft layer")
+        self.amx = _same_kernel(projections, "draft layer")
+        self.keep, self.vocab = row, head.lm_head.out_features
+
+
+def draft_layer(lib, weights: DraftWeights, spec, hidden: torch.Tensor, e: torch.Tensor, prenorm: bool,
+                cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
+                mask: torch.Tensor | None, last_only: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden, e [T, H]; cos/sin [T, D]; caches [Hkv, capacity, D] views; mask [T, start + T] bool or None ->
+    (draft logits [T or 1, vocab], the layer's pre-norm output [T, H]). Every tensor in the weights' dtype."""
+    dtype = weights.dtype
+    t, n = hidden.shape
+    hidden, e, cos, sin = hidden.contiguous(), e.contiguous(), cos.contiguous(), sin.contiguous()
+    for name, x in (("hidden", hidden), ("embeddings", e), ("cos", cos), ("sin", sin)):
+        if x.dtype is not dtype:
+            raise TypeError(f"the draft layer takes {dtype} {name}, got {x.dtype}")
+    _check_cache(k_cache, v_cache, dtype, start + t, "draft layer")
+    m = ops.byte_mask(mask, t, start + t)
+    out = torch.empty(t, n, dtype=dtype)
+    logits = torch.empty(1 if last_only else t, weights.vocab, dtype=dtype)
+    dims = (t, n, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.intermediate_size)
+    work = scratch(lib.draft_scratch(*dims), dtype)
+    rc = lib.draft_layer(weights.table, hidden.data_ptr(), e.data_ptr(), int(prenorm), cos.data_ptr(),
+                         sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
+                         start, m.data_ptr() if m is not None else None, *dims, weights.vocab, spec.rms_norm_eps,
+                         int(last_only), out.data_ptr(), logits.data_ptr(), work.data_ptr(), ops.is_bf16(hidden),
+                         int(weights.amx), torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"native draft layer failed (code {rc}) for {t} rows after {start} cached")
+    return logits, out

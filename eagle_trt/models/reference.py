@@ -1,0 +1,109 @@
+"""The torch reference backend: the decoder layer as torch operators, the oracle the compiled kernels are tested
+against, and the engine wherever they are not available (no compiler, EAGLE_TRT_NATIVE=0, a GPU, float16).
+
+    backend = TorchBackend(torch.float32)
+    h, aux = backend.decoder_stack(backend.target_weights(layers, norm), spec, x, cos, sin, cache, start, mask, [1])
+
+Rows: fp32 takes torch's fused attention and its GEMMs, which sum a verify row in another order than a one-row call
+(last-bit differences; `row_invariant` is False). bf16 takes float64 attention (products of bf16 inputs are exact
+there and any summation order errs by ~2^-53, so the rounded result does not depend on the row count) and oneDNN's
+prepacked projections, which up to 32 rows compute each row alone (`models/gemm.py` cuts larger calls): a verify
+row then equals decoding its token, where the CPU has hardware bf16 for oneDNN (`row_invariant`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eagle_trt.models.gemm import INVARIANT_ROWS, Projection, bf16_hardware, prepack_enabled
+from eagle_trt.models.layers import Rope, additive_mask, attention, attention_fp64, rms_norm, swiglu_mlp
+
+
+def target_layers(layers, norm, spec, x, cos, sin, cache, start: int, mask, aux_layers: list[int], attend):
+    """The decoder stack as torch operators: x [T, hidden] embedded tokens, cos/sin [T, D], K/V written to slots
+    start.. of `cache`, mask in the form `attend` takes -> (final-normed hidden [T, hidden], the aux layers' outputs
+    concatenated in layer order, or None)."""
+    s = spec
+    t = x.shape[0]
+    q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+    want, aux = set(aux_layers), []
+    for i, lw in enumerate(layers):
+        h = rms_norm(x, lw.input_norm, s.rms_norm_eps)
+        qkv = lw.qkv(h)
+        if lw.qkv_bias is not None:
+            qkv = qkv + lw.qkv_bias
+        # RoPE on q and k heads together: [H + Hkv, T, D].
+        qk = qkv[:, :q_out + kv_out].reshape(t, s.num_heads + s.num_kv_heads, s.head_dim).transpose(0, 1)
+        q, k = Rope.rotate(qk, cos, sin).split((s.num_heads, s.num_kv_heads))
+        v = qkv[:, q_out + kv_out:].reshape(t, s.num_kv_heads, s.head_dim).transpose(0, 1)
+        cache.write(i, start, k, v)
+        kc, vc = cache.read(i, start + t)
+        x = x + lw.o(attend(q, kc, vc, mask))
+        x = x + swiglu_mlp(rms_norm(x, lw.post_norm, s.rms_norm_eps), lw.gate_up, lw.down)
+        if i in want:
+            aux.append(x)
+    h = rms_norm(x, norm, s.rms_norm_eps)
+    return h, (torch.cat(aux, dim=-1) if aux_layers else None)
+
+
+def draft_layer(head, spec, hidden, e, prenorm: bool, cos, sin, cache, start: int, mask, last_only: bool, attend):
+    """The EAGLE-3 head's layer as torch operators: hidden, e [T, H] (features, token embeddings) -> (draft logits
+    [T or 1, vocab], the layer's pre-norm output [T, H]). K/V go to slots start.. of the head's cache."""
+    s, eps = spec, spec.rms_norm_eps
+    t = hidden.shape[0]
+    h_in = rms_norm(hidden, head.input_norm, eps) if prenorm else hidden
+    x = torch.cat([rms_norm(e, head.input_norm, eps), rms_norm(h_in, head.hidden_norm, eps)], -1)
+    q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+    q, k, v = head.qkv(x).split((q_out, kv_out, kv_out), dim=-1)
+    q = Rope.rotate(q.reshape(t, s.num_heads, s.head_dim).transpose(0, 1), cos, sin)
+    k = Rope.rotate(k.reshape(t, s.num_kv_heads, s.head_dim).transpose(0, 1), cos, sin)
+    v = v.reshape(t, s.num_kv_heads, s.head_dim).transpose(0, 1)
+    cache.write(0, start, k, v)
+    kc, vc = cache.read(0, start + t)
+    out = hidden + head.o(attend(q, kc, vc, mask))
+    out = out + swiglu_mlp(rms_norm(out, head.post_norm, eps), head.gate_up, head.down)
+    logits = head.lm_head(rms_norm(out[-1:] if last_only else out, head.norm, eps))
+    return logits, out
+
+
+class TorchBackend:
+    """The decoder layer on torch operators (see the module docstring); `reason` says why the compiled kernels do
+    not serve, when they were wanted."""
+
+    name = "torch"
+
+    def __init__(self, dtype: torch.dtype, device: torch.device | str = "cpu", reason: str | None = None):
+        self.dtype, self.device, self.reason = dtype, torch.device(device), reason
+        # The target's attention: float64 but for fp32 (see the module docstring).
+        self.attend = attention if dtype == torch.float32 else attention_fp64
+        self.row_invariant = (dtype == torch.bfloat16 and self.device.type == "cpu" and prepack_enabled()
+                              and bf16_hardware())
+        self.lm_head_rows = INVARIANT_ROWS
+
+    def projection(self, w: torch.Tensor) -> Projection:
+        return Projection(w)
+
+    def target_weights(self, layers, norm):
+        return layers, norm
+
+    def decoder_stack(self, weights, spec, x, cos, sin, cache, start, mask, aux_layers):
+        layers, norm = weights
+        if mask is not None and self.attend is attention_fp64:  # its additive form, made once for every layer
+            mask = additive_mask(mask, spec.num_heads // spec.num_kv_heads)
+        return target_layers(layers, norm, spec, x, cos, sin, cache, start, mask, aux_layers, self.attend)
+
+    def draft_weights(self, head):
+        return head
+
+    def draft_layer(self, head, spec, hidden, e, prenorm, cos, sin, cache, start, mask, last_only):
+        # The head only proposes: torch's fused attention serves it in every dtype.
+        return draft_layer(head, spec, hidden, e, prenorm, cos, sin, cache, start, mask, last_only, attention)
+
+    def greedy(self, lm_head, hidden: torch.Tensor) -> torch.Tensor:
+        return lm_head(hidden).argmax(dim=-1)
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.argmax(dim=-1)
+
+    def top_logp(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.log_softmax(logits.float(), dim=-1).topk(min(k, logits.shape[-1]), dim=-1)

@@ -1,0 +1,150 @@
+"""Building and binding the kernel library (models/native/): one cache entry per source, flags and CPU, readable by
+others, built once under a lock, within a timeout; the ctypes table read from csrc/kernels.h; the ISA switch."""
+
+import ctypes
+import os
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from eagle_trt.models import native
+from eagle_trt.models.native import bindings, build, isa
+
+lib = native.library()
+needs_lib = pytest.mark.skipif(lib is None, reason=f"no native kernels here: {native.unavailable()}")
+
+
+def test_build_reports_the_compiler_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "compiler", lambda: None)
+    with pytest.raises(RuntimeError, match=r"no C\+\+ compiler found \(set CXX, or install g\+\+\)"):
+        build.build(out_dir=tmp_path)
+    bogus = tmp_path / "cxx"
+    bogus.write_text("#!/bin/sh\necho 'cxx: cannot build' >&2\nexit 1\n")
+    bogus.chmod(0o755)
+    with pytest.raises(RuntimeError, match="cannot build"):
+        build.build(cxx=str(bogus), out_dir=tmp_path / "k")
+    assert not list((tmp_path / "k").glob("*.so*"))  # nothing half-written left behind
+
+
+def test_a_compiler_that_hangs_times_out(tmp_path, monkeypatch):
+    slow = tmp_path / "cxx"
+    slow.write_text("#!/bin/sh\nsleep 30\n")
+    slow.chmod(0o755)
+    monkeypatch.setenv("EAGLE_TRT_BUILD_TIMEOUT", "0.5")
+    with pytest.raises(RuntimeError, match=r"did not finish .* within 0 s \(EAGLE_TRT_BUILD_TIMEOUT\)"):
+        build.build(cxx=str(slow), out_dir=tmp_path / "k")
+    assert not list((tmp_path / "k").glob("*.so*"))
+
+
+def test_two_builders_compile_once_and_share_the_result(tmp_path):
+    """A lock makes the second process wait for the first one's build instead of compiling again."""
+    calls = tmp_path / "calls"
+    cxx = tmp_path / "cxx"
+    # A fake compiler: counts its runs, takes a moment, writes an "-o" file.
+    cxx.write_text(f"#!/bin/sh\necho run >> {calls}\nsleep 0.5\nfor a; do [ \"$prev\" = -o ] && : > \"$a\"; "
+                   "prev=$a; done\n")
+    cxx.chmod(0o755)
+    out = []
+    threads = [threading.Thread(target=lambda: out.append(build.build(cxx=str(cxx), out_dir=tmp_path / "k")))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(out) == 2 and out[0] == out[1] and out[0].exists()
+    assert calls.read_text().count("run") == 1
+
+
+@needs_lib
+def test_library_is_cached_per_source_and_readable_by_others(tmp_path):
+    first = build.build(out_dir=tmp_path)
+    mtime = first.stat().st_mtime_ns
+    assert build.build(out_dir=tmp_path) == first and first.stat().st_mtime_ns == mtime
+    mode = stat.S_IMODE(first.stat().st_mode)
+    assert mode & 0o044 == 0o044, oct(mode)  # group and others may read (and so map) it
+    assert build.build(out_dir=tmp_path, target_isa="avx2") != first  # the ISA is part of the key
+
+
+def test_every_entry_point_is_declared_once_and_bound_from_the_header():
+    table = bindings.signatures()
+    assert table["eagle_trt_gemm"] == (ctypes.c_int, [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 2)
+    assert table["eagle_trt_isa"] == (ctypes.c_int, [])
+    assert table["eagle_trt_gemm_packed_size"][0] is ctypes.c_int64
+    # Every extern "C" definition in the sources is declared in the header (the compiler checks the signatures).
+    defined = set()
+    for src in build.SOURCES:
+        text = src.read_text()
+        defined |= {name for name in table if f"{name}(" in text.replace(" (", "(")}
+        for line in text.splitlines():
+            if line.startswith(("int eagle_trt_", "int64_t eagle_trt_")):
+                assert line.split("(")[0].split()[-1] in table, line
+    assert defined == set(table)
+
+
+def test_header_parser_reads_pointers_and_scalars():
+    text = ("// comment int eagle_trt_x(int a);\nextern \"C\" {\nint64_t eagle_trt_f(const void* const* w, int64_t n,\n"
+            "    float eps, int bf16);\nvoid eagle_trt_g(void);\n}")
+    table = bindings.parse_header(text)
+    assert table == {"eagle_trt_f": (ctypes.c_int64, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int]),
+                     "eagle_trt_g": (None, [])}
+    with pytest.raises(ValueError, match="cannot bind parameter 'double x'"):
+        bindings.parse_header("int eagle_trt_h(double x);")
+
+
+@needs_lib
+def test_loaded_library_names_its_backend():
+    assert lib.backend in ("amx", "avx512", "avx2")
+    assert lib.gemm_packed_size(10, 3) == 2 * lib.lanes() * 10  # one panel of 2 vectors
+
+
+def test_isa_switch(monkeypatch):
+    monkeypatch.delenv("EAGLE_TRT_ISA", raising=False)
+    assert isa.requested() == "native" and isa.march_flags() == ["-march=native"]
+    monkeypatch.setenv("EAGLE_TRT_ISA", "AVX2")
+    assert isa.requested() == "avx2" and "-march=x86-64-v3" in isa.march_flags()
+    assert isa.hides_bf16_hardware() and isa.hides_amx()
+    monkeypatch.setenv("EAGLE_TRT_ISA", "avx512")
+    assert not isa.hides_bf16_hardware() and isa.hides_amx() and "-mno-amx-tile" in isa.march_flags()
+    monkeypatch.setenv("EAGLE_TRT_ISA", "sse2")
+    with pytest.raises(ValueError, match="EAGLE_TRT_ISA='sse2': expected one of native, avx512, avx2"):
+        isa.requested()
+
+
+def _python(code: str, **env) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE_TRT_")}
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True)
+
+
+@needs_lib
+def test_forced_avx2_build_runs_the_avx2_backend(tmp_path):
+    out = _python("from eagle_trt.models import native; from eagle_trt.models.gemm import bf16_hardware; "
+                  "print(native.library().backend, bf16_hardware())",
+                  EAGLE_TRT_ISA="avx2", EAGLE_TRT_CACHE=str(tmp_path))
+    assert out.returncode == 0 and out.stdout.split() == ["avx2", "False"], out.stderr
+
+
+def test_disabled_means_the_torch_reference(tmp_path):
+    code = ("import torch; from eagle_trt.models import native; from eagle_trt.models.backend import choose_backend; "
+            ""
+            "assert native.library() is None and 'EAGLE_TRT_NATIVE=0' in native.unavailable(); "
+            "print(choose_backend(torch.bfloat16, None).name)")
+    out = _python(code, EAGLE_TRT_NATIVE="0", EAGLE_TRT_REQUIRE_NATIVE="1", EAGLE_TRT_CACHE=str(tmp_path))
+    assert out.returncode == 0 and out.stdout.split() == ["torch"], out.stderr
+    assert not (tmp_path / "kernels").exists()  # disabled: nothing compiled
+
+
+def test_required_kernels_that_cannot_build_are_an_error(tmp_path):
+    """EAGLE_TRT_REQUIRE_NATIVE=1 (CI): no compiler is a failure, not a fallback (nor a skipped test)."""
+    code = "from eagle_trt.models import native; native.library()"
+    out = _python(code, EAGLE_TRT_REQUIRE_NATIVE="1", CXX=str(Path(tmp_path) / "missing-cxx"),
+                  PATH=str(tmp_path), EAGLE_TRT_CACHE=str(tmp_path))
+    assert out.returncode != 0 and "EAGLE_TRT_REQUIRE_NATIVE=1 but the native kernels are unavailable: no C++ " \
+        "compiler found" in out.stderr, out.stderr
+    out = _python("from eagle_trt.models import native; print(native.library())", CXX=str(tmp_path / "missing"),
+                  PATH=str(tmp_path), EAGLE_TRT_CACHE=str(tmp_path))
+    assert out.returncode == 0 and out.stdout.strip() == "None", out.stderr
