@@ -79,6 +79,7 @@ class _Stages:
 
             self.console = Console(stderr=True)
         self.timings: dict[str, float] = {}
+        self.peak_rss_mb: dict[str, int] = {}  # the process's peak RSS at the end of each stage (it never falls)
 
     @contextlib.contextmanager
     def stage(self, name: str, message: str, spinner: bool = True):
@@ -88,8 +89,17 @@ class _Stages:
         with status:
             yield
         self.timings[name] = round(time.perf_counter() - start, 3)
+        self.peak_rss_mb[name] = peak_rss_mb()
         if self.console:
-            self.console.print(f"[green]✓[/] {message} [dim]({self.timings[name]:.1f}s)[/]")
+            self.console.print(f"[green]✓[/] {message} [dim]({self.timings[name]:.1f}s, peak RSS "
+                               f"{self.peak_rss_mb[name] / 1024:.1f} GB)[/]")
+
+
+def peak_rss_mb() -> int:
+    """This process's peak resident set size so far, in MiB (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 
 
 DATASET_FORMAT = "eagle-trt-dataset/1"
@@ -170,7 +180,7 @@ def _ship_head(model, tokenizer, info, out: Path, overwrite: bool, head: Path, s
             manifest["kv_calibration"] = _calibrate(stage, tokenizer, [], stages)
         write_manifest(stage, manifest)
     summary = {"output_dir": str(out), "target_dir": str(out / "target"), "draft_dir": str(out / "draft"),
-               **manifest, "timings_s": stages.timings}
+               **manifest, "timings_s": stages.timings, "peak_rss_mb": stages.peak_rss_mb}
     return ConvertResult(out, out / "target", out / "draft", summary)
 
 
@@ -333,6 +343,7 @@ def convert_model(
         "draft_dir": str(out / "draft"),
         **manifest,
         "timings_s": stages.timings,
+        "peak_rss_mb": stages.peak_rss_mb,
     }
     if report is not None:
         summary["validation"] = report["validation"]
