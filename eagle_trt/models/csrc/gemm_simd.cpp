@@ -14,7 +14,8 @@
 // half, so one load gives both fp32 vectors by a shift and a mask.
 //
 // Each weight is read from memory once for up to kSuperRows rows: a panel is walked in chunks of K that stay in the
-// L1 cache, and every register block of rows takes its turn on a chunk before the next one is read.
+// L1 cache, and every register block of rows takes its turn on a chunk before the next one is read (prefetched
+// meanwhile).
 
 #include <array>
 #include <cstdint>
@@ -42,7 +43,6 @@ constexpr int kMaxRows = 6;       // 12 accumulators, 2 weight vectors and a bro
 constexpr int64_t kChunkK = 256;  // 16 KB
 #endif
 constexpr int64_t kSuperRows = 64;  // rows that share one pass over the weights
-constexpr int kOneRowPanels = 4;    // a one-row call runs this many panels side by side: 8 chains in flight
 
 // Panel row of a packed weight -> its two fp32 vectors (columns 0 .. kLanes-1 and kLanes .. kPanel-1).
 inline void panel_row(const float* p, vf& lo, vf& hi) {
@@ -58,20 +58,25 @@ inline void panel_row(const uint16_t* p, vf& lo, vf& hi) {
     std::memcpy(&hi, &b, sizeof hi);
 }
 
-// The chains of R rows of x (fp32, row stride ldx) by NP panels (NP consecutive ones, panel_stride apart), over
-// k0 .. k1-1: a[r][p] continues from what it holds.
-template <typename W, int R, int NP>
-inline void chains(const float* x, int64_t ldx, const W* w, int64_t panel_stride, int64_t k0, int64_t k1,
-                   vf (&a)[R][NP][2]) {
+// Cache lines of one panel row: what the loop below asks the memory system for, ahead of time.
+template <typename W>
+constexpr int kRowLines = kPanel * sizeof(W) / 64 > 0 ? kPanel * sizeof(W) / 64 : 1;
+
+// The chains of R rows of x (fp32, row stride ldx) on one panel over k0 .. k1-1: a[r] continues from what it holds.
+// With ahead > 0 each step also prefetches the panel row `ahead` rows on (the weights stream from memory; a prefetch
+// changes no arithmetic).
+template <typename W, int R>
+inline void chains(const float* x, int64_t ldx, const W* w, int64_t k0, int64_t k1, vf (&a)[R][2], int64_t ahead) {
     for (int64_t k = k0; k < k1; ++k) {
-        vf lo[NP], hi[NP];
-        for (int p = 0; p < NP; ++p) panel_row(w + p * panel_stride + k * kPanel, lo[p], hi[p]);
+        if (ahead)
+            for (int l = 0; l < kRowLines<W>; ++l)
+                __builtin_prefetch(reinterpret_cast<const char*>(w + (k + ahead) * kPanel) + 64 * l);
+        vf lo, hi;
+        panel_row(w + k * kPanel, lo, hi);
         for (int r = 0; r < R; ++r) {
             const vf xb = vsplat(x + r * ldx + k);
-            for (int p = 0; p < NP; ++p) {
-                a[r][p][0] = vfma(lo[p], xb, a[r][p][0]);
-                a[r][p][1] = vfma(hi[p], xb, a[r][p][1]);
-            }
+            a[r][0] = vfma(lo, xb, a[r][0]);
+            a[r][1] = vfma(hi, xb, a[r][1]);
         }
     }
 }
@@ -90,68 +95,52 @@ inline void store_panel(T* out, int64_t n0, int64_t N, vf lo, vf hi) {
     for (int64_t c = 0; c < N - n0; ++c) Elem<T>::put(out + n0 + c, t[c]);
 }
 
-// One row, panels p0 .. p1-1, over the whole of K: kOneRowPanels panels at a time (more chains in flight while the
-// weights stream from memory).
-template <typename T>
-void one_row(const float* x, const T* packed, int64_t K, int64_t N, int64_t p0, int64_t p1, T* out) {
-    const int64_t stride = K * kPanel;
-    int64_t p = p0;
-    for (; p + kOneRowPanels <= p1; p += kOneRowPanels) {
-        vf a[1][kOneRowPanels][2] = {};
-        chains<T, 1, kOneRowPanels>(x, K, packed + p * stride, stride, 0, K, a);
-        for (int j = 0; j < kOneRowPanels; ++j) store_panel(out, (p + j) * kPanel, N, a[0][j][0], a[0][j][1]);
-    }
-    for (; p < p1; ++p) {
-        vf a[1][1][2] = {};
-        chains<T, 1, 1>(x, K, packed + p * stride, stride, 0, K, a);
-        store_panel(out, p * kPanel, N, a[0][0][0], a[0][0][1]);
-    }
-}
-
 // R rows (x, out: their first row) on one panel over k0 .. k1-1. The chains start at 0 when k0 is 0, else from
 // `saved` ([R][kPanel] fp32); they end in `out` when k1 is K, else in `saved`.
 template <typename T, int R>
 void rows_on_panel(const float* x, const T* panel, int64_t K, int64_t k0, int64_t k1, float* saved, T* out,
-                   int64_t N, int64_t n0) {
-    vf a[R][1][2];
+                   int64_t N, int64_t n0, int64_t ahead) {
+    vf a[R][2];
     for (int r = 0; r < R; ++r) {
-        a[r][0][0] = k0 ? vload(saved + r * kPanel) : vf{};
-        a[r][0][1] = k0 ? vload(saved + r * kPanel + kLanes) : vf{};
+        a[r][0] = k0 ? vload(saved + r * kPanel) : vf{};
+        a[r][1] = k0 ? vload(saved + r * kPanel + kLanes) : vf{};
     }
-    chains<T, R, 1>(x, K, panel, 0, k0, k1, a);
+    chains<T, R>(x, K, panel, k0, k1, a, ahead);
     for (int r = 0; r < R; ++r) {
         if (k1 == K) {
-            store_panel(out + r * N, n0, N, a[r][0][0], a[r][0][1]);
+            store_panel(out + r * N, n0, N, a[r][0], a[r][1]);
         } else {
-            vstore(saved + r * kPanel, a[r][0][0]);
-            vstore(saved + r * kPanel + kLanes, a[r][0][1]);
+            vstore(saved + r * kPanel, a[r][0]);
+            vstore(saved + r * kPanel + kLanes, a[r][1]);
         }
     }
 }
 
 template <typename T>
-using RowsFn = void (*)(const float*, const T*, int64_t, int64_t, int64_t, float*, T*, int64_t, int64_t);
+using RowsFn = void (*)(const float*, const T*, int64_t, int64_t, int64_t, float*, T*, int64_t, int64_t, int64_t);
 
 template <typename T, size_t... I>
 constexpr std::array<RowsFn<T>, sizeof...(I)> rows_table(std::index_sequence<I...>) {
     return {&rows_on_panel<T, static_cast<int>(I) + 1>...};
 }
 
-// m rows (2 .. kSuperRows), panels p0 .. p1-1: per panel, per chunk of K, every register block of rows in turn (the
-// blocks as even as kMaxRows allows).
+// m rows (1 .. kSuperRows), panels p0 .. p1-1: per panel, per chunk of K, every register block of rows in turn (the
+// blocks as even as kMaxRows allows). While the first block works on a chunk it prefetches the next one, so the
+// weights stream from memory under the arithmetic instead of between it.
 template <typename T>
 void many_rows(const float* x, int64_t m, const T* packed, int64_t K, int64_t N, int64_t p0, int64_t p1, T* out,
                float* saved) {
     static constexpr auto table = rows_table<T>(std::make_index_sequence<kMaxRows>{});
     const int64_t blocks = (m + kMaxRows - 1) / kMaxRows, base = m / blocks, extra = m % blocks;
-    const int64_t chunk = blocks == 1 ? K : kChunkK;  // one block keeps its chains in registers over the whole of K
+    const int64_t chunk = kChunkK;
     for (int64_t p = p0; p < p1; ++p) {
         const T* panel = packed + p * K * kPanel;
         for (int64_t k0 = 0; k0 < K; k0 += chunk) {
             const int64_t k1 = k0 + chunk < K ? k0 + chunk : K;
             for (int64_t b = 0, r0 = 0; b < blocks; ++b) {
                 const int64_t rows = base + (b < extra);
-                table[rows - 1](x + r0 * K, panel, K, k0, k1, saved + r0 * kPanel, out + r0 * N, N, p * kPanel);
+                const int64_t ahead = b == 0 ? chunk : 0;
+                table[rows - 1](x + r0 * K, panel, K, k0, k1, saved + r0 * kPanel, out + r0 * N, N, p * kPanel, ahead);
                 r0 += rows;
             }
         }
@@ -203,8 +192,7 @@ int gemm(const T* x, const T* packed, T* out, int64_t M, int64_t K, int64_t N, i
                     for (int64_t i = 0; i < m * K; ++i) xf[i] = Elem<T>::get(x + r * K + i);
                     xr = xf;
                 }
-                if (m == 1) one_row(xr, packed, K, N, p0, p1, out + r * N);
-                else many_rows(xr, m, packed, K, N, p0, p1, out + r * N, saved);
+                many_rows(xr, m, packed, K, N, p0, p1, out + r * N, saved);
             }
         }
     }
@@ -221,10 +209,10 @@ int mutated_gemm(const T* x, const T* packed, T* out, int64_t M, int64_t K, int6
     if (K > 8192) return -2;
     for (int64_t k = 0; k < K; ++k) xf[k] = Elem<T>::get(x + (M - 1) * K + k);
     for (int64_t p = 0; p < (N + kPanel - 1) / kPanel; ++p) {
-        vf a[1][1][2] = {}, b[1][1][2] = {};
-        chains<T, 1, 1>(xf, K, packed + p * K * kPanel, 0, 0, K / 2, a);
-        chains<T, 1, 1>(xf, K, packed + p * K * kPanel, 0, K / 2, K, b);
-        store_panel(out + (M - 1) * N, p * kPanel, N, a[0][0][0] + b[0][0][0], a[0][0][1] + b[0][0][1]);
+        vf a[1][2] = {}, b[1][2] = {};
+        chains<T, 1>(xf, K, packed + p * K * kPanel, 0, K / 2, a, 0);
+        chains<T, 1>(xf, K, packed + p * K * kPanel, K / 2, K, b, 0);
+        store_panel(out + (M - 1) * N, p * kPanel, N, a[0][0] + b[0][0], a[0][1] + b[0][1]);
     }
     return 0;
 }
