@@ -27,6 +27,7 @@ continues from it.
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -152,36 +153,30 @@ def _eos_ids(model, tokenizer) -> list[int]:
                          getattr(getattr(model, "generation_config", None), "eos_token_id", None))
 
 
-def _ship_head(model, tokenizer, info, out: Path, overwrite: bool, head: Path, stages, calibrate_kv: bool) -> ConvertResult:
-    """Checkpoint = this target + an already trained head (copied, then loaded by the runtime to prove it fits)."""
-    from eagle_trt.models.draft_head import Eagle3DraftHead
-    from eagle_trt.models.llama import LlamaTarget
+def _ship_head(stage: Path, tokenizer, info, head: Path, stages, calibrate_kv: bool) -> dict:
+    """The checkpoint's draft = an already trained head (copied, then loaded by the runtime with the written target
+    to prove it fits; that load also serves the KV calibration). Returns convert.json's content."""
+    from .calibrate import load_models
 
-    with staged_output(out, overwrite) as stage:
-        with stages.stage("export_target", "Writing target model"):
-            write_target(model, tokenizer, stage / "target")
-        with stages.stage("head", f"Copying trained head from {head}"):
-            (stage / "draft").mkdir()
-            for name in ("config.json", "model.safetensors", DATASTORE_NAME):
-                if name == DATASTORE_NAME and not (head / name).is_file():
-                    continue  # optional: the prompt-lookup datastore that travels with the head
-                shutil.copyfile(head / name, stage / "draft" / name)
-            Eagle3DraftHead.load(stage / "draft", LlamaTarget.load(stage / "target"))
-            draft_config = json.loads((stage / "draft" / "config.json").read_text())
-            if (head / "report.json").is_file():
-                shutil.copyfile(head / "report.json", stage / "report.json")
-        manifest = {
-            "source": info.to_dict(), "steps": 0, "head_source": str(head), "versions": _versions(),
-            "aux_layer_ids": draft_config.get("eagle_aux_hidden_state_layer_ids"),
-            "draft_vocab_size": draft_config.get("draft_vocab_size"),
-            "target_vocab_size": draft_config.get("vocab_size"), "rope_theta": draft_config.get("rope_theta"),
-        }
-        if calibrate_kv:
-            manifest["kv_calibration"] = _calibrate(stage, tokenizer, [], stages)
-        write_manifest(stage, manifest)
-    summary = {"output_dir": str(out), "target_dir": str(out / "target"), "draft_dir": str(out / "draft"),
-               **manifest, "timings_s": stages.timings, "peak_rss_mb": stages.peak_rss_mb}
-    return ConvertResult(out, out / "target", out / "draft", summary)
+    with stages.stage("head", f"Copying trained head from {head}"):
+        (stage / "draft").mkdir()
+        for name in ("config.json", "model.safetensors", DATASTORE_NAME):
+            if name == DATASTORE_NAME and not (head / name).is_file():
+                continue  # optional: the prompt-lookup datastore that travels with the head
+            shutil.copyfile(head / name, stage / "draft" / name)
+        models = load_models(stage)
+        draft_config = json.loads((stage / "draft" / "config.json").read_text())
+        if (head / "report.json").is_file():
+            shutil.copyfile(head / "report.json", stage / "report.json")
+    manifest = {
+        "source": info.to_dict(), "steps": 0, "head_source": str(head), "versions": _versions(),
+        "aux_layer_ids": draft_config.get("eagle_aux_hidden_state_layer_ids"),
+        "draft_vocab_size": draft_config.get("draft_vocab_size"),
+        "target_vocab_size": draft_config.get("vocab_size"), "rope_theta": draft_config.get("rope_theta"),
+    }
+    if calibrate_kv:
+        manifest["kv_calibration"] = _calibrate(stage, tokenizer, [], stages, models)
+    return manifest
 
 
 def require_modelopt() -> None:
@@ -259,7 +254,7 @@ def convert_model(
             raise InputError(f"--head '{head}' must be a dir with config.json and model.safetensors")
     if head is None:
         require_modelopt()
-    from .device import resolve_device, training_matmul
+    from .device import resolve_device
 
     run_on = resolve_device(device) if train else None
     out = check_output_dir(output_dir, overwrite)  # before the slow load, not after it
@@ -275,66 +270,33 @@ def convert_model(
     if draft_vocab_size is not None and draft_vocab_size > vocab:  # before the data, the features, the work dir
         raise InputError(f"--draft-vocab-size {draft_vocab_size} exceeds the target's vocabulary ({vocab}); give at "
                          f"most {vocab}, or leave it out for the full vocabulary")
-    if head is not None:
-        return _ship_head(model, tokenizer, info, out, overwrite, Path(head), stages, calibrate_kv)
-    training: dict = {}
+    report = None
     with staged_output(out, overwrite) as stage:
         with stages.stage("export_target", "Writing target model"):
             # Before attaching: the target must be saved without eagle_module and under its
             # own class name, and this way needs no second copy of the weights.
             write_target(model, tokenizer, stage / "target")
-        if train:
-            model.to(run_on)  # regeneration and the feature cache run where the training will
-            dataset, d2t, cache = _prepare_training(model, tokenizer, info, data, work, stages, progress,
-                                                    seq_len=seq_len, batch_size=batch_size, regenerate=regenerate,
-                                                    max_new_tokens=max_new_tokens, val_prompts=val_prompts,
-                                                    draft_vocab_size=draft_vocab_size)
-        with stages.stage("attach", "Attaching EAGLE-3 head (modelopt)"):
-            # On the CPU: the head's seeded initialisation is then the same whatever device trains it.
-            model = attach_eagle3(model.cpu(), draft_vocab_size)
-        if train:
-            from .draft_vocab import load_d2t
-            from .train import run_config_dict, train_head
-
-            if d2t is not None:
-                load_d2t(model, d2t)
-            model.to(run_on)
-            run_config = run_config_dict(target=info.path, draft_vocab_size=model.eagle_config.draft_vocab_size,
-                                         aux_layer_ids=list(model.eagle_config.eagle_aux_hidden_state_layer_ids),
-                                         seq_len=seq_len, lr=lr, warmup_steps=warmup_steps)
-            with stages.stage("train", f"Training draft head on {run_on}", spinner=False), training_matmul(run_on):
-                try:
-                    result = train_head(model, cache, cfg, work / "checkpoint.safetensors", resume=resume,
-                                        progress=progress, on_step=on_step, run_config=run_config)
-                finally:
-                    model.cpu()
-            training = {"data": dataset.stats, "config": {**run_config, "batch_size": batch_size,
-                                                          "ttt_steps": ttt_steps, "seed": seed,
-                                                          "regenerate": regenerate, "device": str(run_on)},
-                        **result.summary()}
-        with stages.stage("export_draft", "Writing draft head"):
-            draft_config = write_draft(model, stage / "draft")
-            if train:  # the training text doubles as the head's prompt-lookup datastore
-                training["datastore_tokens"] = write_datastore(stage / "draft" / DATASTORE_NAME, dataset.sequences)
-        # Paths stay out of convert.json: the checkpoint dir may be moved after it is written.
-        manifest = {
-            "source": info.to_dict(),
-            "steps": training.get("steps", steps),
-            "versions": _versions(),
-            "aux_layer_ids": draft_config["eagle_aux_hidden_state_layer_ids"],
-            "draft_vocab_size": draft_config["draft_vocab_size"],
-            "target_vocab_size": draft_config["vocab_size"],
-            "rope_theta": draft_config["rope_theta"],
-        }
-        if training:
-            manifest["training"] = training
-        write_manifest(stage, manifest)
-        report = None
-        if train and validate:
-            report = _validate(stage, tokenizer, dataset.val_prompts, training, val_max_new_tokens, stages)
-        if calibrate_kv:
-            manifest["kv_calibration"] = _calibrate(stage, tokenizer, dataset.val_prompts if train else [], stages)
+        if head is not None:
+            del model  # what follows reads the written checkpoint: never two copies of the weights at once
+            gc.collect()
+            manifest = _ship_head(stage, tokenizer, info, Path(head), stages, calibrate_kv)
+        else:
+            eos = _eos_ids(model, tokenizer)
+            trained = _attach_and_train(model, tokenizer, info, stage, stages, work, None if not train else dict(
+                cfg=cfg, data=data, run_on=run_on, seq_len=seq_len, batch_size=batch_size, lr=lr,
+                warmup_steps=warmup_steps, ttt_steps=ttt_steps, seed=seed, regenerate=regenerate,
+                max_new_tokens=max_new_tokens, val_prompts=val_prompts, resume=resume, progress=progress,
+                on_step=on_step), draft_vocab_size, eos)
+            del model
+            gc.collect()
+            manifest, val_prompts_ids = _draft_manifest(info, steps, *trained)
             write_manifest(stage, manifest)
+            if train and validate:
+                report = _validate(stage, tokenizer, val_prompts_ids, manifest["training"], val_max_new_tokens,
+                                   stages)
+            if calibrate_kv:
+                manifest["kv_calibration"] = _calibrate(stage, tokenizer, val_prompts_ids, stages)
+        write_manifest(stage, manifest)
     if train and work_dir is None:
         shutil.rmtree(work, ignore_errors=True)  # the default work dir only serves resume after a Ctrl-C
     summary = {
@@ -350,8 +312,71 @@ def convert_model(
     return ConvertResult(out, out / "target", out / "draft", summary)
 
 
+def _attach_and_train(model, tokenizer, info, stage: Path, stages: _Stages, work: Path, train: dict | None,
+                      draft_vocab_size: int | None, eos: list[int]) -> tuple[dict, dict, list]:
+    """Attach the EAGLE-3 head with modelopt, train it if `train` (the training options) says so, export it to
+    stage/draft. Returns (draft config, training summary ({} untrained), held-out prompt ids)."""
+    from .device import training_matmul
+
+    training: dict = {}
+    dataset = d2t = cache = None
+    if train:
+        model.to(train["run_on"])  # regeneration and the feature cache run where the training will
+        dataset, d2t, cache = _prepare_training(
+            model, tokenizer, info, train["data"], work, stages, train["progress"], seq_len=train["seq_len"],
+            batch_size=train["batch_size"], regenerate=train["regenerate"], max_new_tokens=train["max_new_tokens"],
+            val_prompts=train["val_prompts"], draft_vocab_size=draft_vocab_size, eos=eos)
+    with stages.stage("attach", "Attaching EAGLE-3 head (modelopt)"):
+        # On the CPU: the head's seeded initialisation is then the same whatever device trains it.
+        model = attach_eagle3(model.cpu(), draft_vocab_size)
+    if train:
+        from .draft_vocab import load_d2t
+        from .train import run_config_dict, train_head
+
+        if d2t is not None:
+            load_d2t(model, d2t)
+        run_on = train["run_on"]
+        model.to(run_on)
+        run_config = run_config_dict(target=info.path, draft_vocab_size=model.eagle_config.draft_vocab_size,
+                                     aux_layer_ids=list(model.eagle_config.eagle_aux_hidden_state_layer_ids),
+                                     seq_len=train["seq_len"], lr=train["lr"], warmup_steps=train["warmup_steps"])
+        with stages.stage("train", f"Training draft head on {run_on}", spinner=False), training_matmul(run_on):
+            try:
+                result = train_head(model, cache, train["cfg"], work / "checkpoint.safetensors",
+                                    resume=train["resume"], progress=train["progress"], on_step=train["on_step"],
+                                    run_config=run_config)
+            finally:
+                model.cpu()
+        training = {"data": dataset.stats, "config": {**run_config, "batch_size": train["batch_size"],
+                                                      "ttt_steps": train["ttt_steps"], "seed": train["seed"],
+                                                      "regenerate": train["regenerate"], "device": str(run_on)},
+                    **result.summary()}
+    with stages.stage("export_draft", "Writing draft head"):
+        draft_config = write_draft(model, stage / "draft")
+        if train:  # the training text doubles as the head's prompt-lookup datastore
+            training["datastore_tokens"] = write_datastore(stage / "draft" / DATASTORE_NAME, dataset.sequences)
+    return draft_config, training, dataset.val_prompts if dataset is not None else []
+
+
+def _draft_manifest(info, steps: int, draft_config: dict, training: dict, val_prompts: list) -> tuple[dict, list]:
+    """convert.json for a head made here (paths stay out of it: the checkpoint dir may be moved), and the held-out
+    prompts that validation and calibration use."""
+    manifest = {
+        "source": info.to_dict(),
+        "steps": training.get("steps", steps),
+        "versions": _versions(),
+        "aux_layer_ids": draft_config["eagle_aux_hidden_state_layer_ids"],
+        "draft_vocab_size": draft_config["draft_vocab_size"],
+        "target_vocab_size": draft_config["vocab_size"],
+        "rope_theta": draft_config["rope_theta"],
+    }
+    if training:
+        manifest["training"] = training
+    return manifest, val_prompts
+
+
 def _prepare_training(model, tokenizer, info, data, work: Path, stages: _Stages, progress: bool, *, seq_len,
-                      batch_size, regenerate, max_new_tokens, val_prompts, draft_vocab_size):
+                      batch_size, regenerate, max_new_tokens, val_prompts, draft_vocab_size, eos):
     """Dataset (cached in the work dir), target feature cache, and d2t (None at full vocab)."""
     from .attach import default_aux_layer_ids
     from .data import build_dataset
@@ -378,18 +403,18 @@ def _prepare_training(model, tokenizer, info, data, work: Path, stages: _Stages,
     if draft_vocab_size is not None and draft_vocab_size < vocab:
         # The head must predict the target's greedy tokens; count those first, the data's own second.
         counts = ranking(cache.predicted_counts, cache.seen_counts)
-        d2t = d2t_from_vocab(select_draft_vocab(counts, draft_vocab_size, always=_eos_ids(model, tokenizer)))
+        d2t = d2t_from_vocab(select_draft_vocab(counts, draft_vocab_size, always=eos))
     return dataset, d2t, cache
 
 
-def _calibrate(stage: Path, tokenizer, prompts, stages: _Stages) -> dict:
+def _calibrate(stage: Path, tokenizer, prompts, stages: _Stages, models=None) -> dict:
     """FP8 KV scales for target and head (CKPT/kv_scales.safetensors) + what FP8 KV keeps of greedy output."""
     from .calibrate import calibrate_kv_scales, fp8_agreement, load_models
     from .validate import fallback_prompt_ids
 
     prompts = list(prompts) or fallback_prompt_ids(tokenizer)
     with stages.stage("calibrate", f"Calibrating FP8 KV scales on {len(prompts)} prompts"):
-        models = load_models(stage)
+        models = models or load_models(stage)
         result = calibrate_kv_scales(stage, prompts, new_tokens=16, models=models)
         result["fp8_vs_fp32"] = fp8_agreement(stage, prompts, new_tokens=32, models=models)
     return result
