@@ -68,7 +68,10 @@ class OracleDrafter:
 
     def __init__(self, inner, prompt_len, reference, seed):
         self.inner, self.p, self.ref, self.rng = inner, prompt_len, reference, random.Random(seed)
-        self.extend, self.reset = inner.extend, inner.reset
+        self.extend, self.reset, self.start = inner.extend, inner.reset, inner.start
+
+    def __getattr__(self, name):  # needs_features, max_positions, ...: the real drafter's
+        return getattr(self.inner, name)
 
     def _tree(self, root):
         g = self.inner.length - self.p  # index of the root in the reference continuation

@@ -73,8 +73,7 @@ def measure_costs(session, state: dict, settings: list[Setting], reps: int = 3,
     seq, aux, n = state["seq"], state["aux"], state["root"]
 
     def at_root():
-        drafter.cache.length = n
-        drafter.last_logits, drafter.last_hidden = state["logits"][n - 1], state["hidden"][n - 1]
+        drafter.seek(state["primed"], n)
 
     draft = {}
     biggest: dict[tuple[int, int], int] = {}
@@ -89,7 +88,7 @@ def measure_costs(session, state: dict, settings: list[Setting], reps: int = 3,
     for m in range(1, max_depth + 2):
         def feed():
             at_root()
-            drafter.extend(aux[n: n + m], torch.tensor(seq[n + 1: n + 1 + m]))
+            drafter.extend(aux[n: n + m] if aux is not None else None, torch.tensor(seq[n + 1: n + 1 + m]))
         if n + 1 + m <= len(seq):
             extend[m] = median_seconds(feed, reps) * 1e3
     lookup = {}

@@ -44,29 +44,25 @@ def replay(session, seq: list[int], roots: list[int], settings: list[Setting], e
     end - 1 - n tokens the run may still emit (`end`: prompt + max_new_tokens, capped at the model's positions;
     default len(seq)). Returns ({root: {Setting: accepted}}, drafter state)."""
     runner = session.runner
-    target, drafter, head = runner.target, runner.drafter, runner.drafter.head
+    target, drafter = runner.target, runner.drafter
     by_beam: dict[int, set] = {}
     for s in settings:
         by_beam.setdefault(s.beam_width, set()).add((s.draft_length, s.total_tokens))
     length = len(seq)
     end = length if end is None else end
+    aux = None
     with torch.inference_mode():
-        runner.cache.length = 0
-        _, aux = target.forward(torch.tensor(seq), torch.arange(length), runner.cache, need_aux=True,
-                                logits_rows=torch.tensor([length - 1]))
-        # The head over the whole sequence at once, as `Drafter.extend` would feed it piece by piece:
-        # draft position t reads (feature t, token t+1).
-        drafter.reset()
-        t = length - 1
-        mask = torch.ones(t, t, dtype=torch.bool).tril_()
-        logits, hidden = head.forward(head.fuse(aux[:t]), torch.tensor(seq[1:]), torch.arange(t), drafter.cache, 0,
-                                      mask)
+        if drafter.needs_features:  # the target's features of the whole sequence, for a head that reads them
+            runner.cache.length = 0
+            _, aux = target.forward(torch.tensor(seq), torch.arange(length), runner.cache, need_aux=True,
+                                    logits_rows=torch.tensor([length - 1]))
+        # The drafter over the whole sequence at once, as its `extend` would feed it piece by piece.
+        primed = drafter.replay_state(seq, aux)
     out = {}
-    # Descending roots: growing a tree at root n overwrites head cache slots >= n only, which smaller
+    # Descending roots: growing a tree at root n overwrites drafter cache slots after root n only, which smaller
     # roots never read.
     for n in sorted(set(roots), reverse=True):
-        drafter.cache.length = n
-        drafter.last_logits, drafter.last_hidden = logits[n - 1], hidden[n - 1]
+        drafter.seek(primed, n)
         res = {}
         room = end - 1 - n
         for k, pairs in by_beam.items():
@@ -77,7 +73,7 @@ def replay(session, seq: list[int], roots: list[int], settings: list[Setting], e
             for (d, total), key in cut.items():
                 res[Setting(k, d, total)] = acc[key]
         out[n] = res
-    state = {"seq": seq, "aux": aux, "logits": logits, "hidden": hidden, "root": min(roots)}
+    state = {"seq": seq, "aux": aux, "primed": primed, "root": min(roots)}
     return out, state
 
 

@@ -1,12 +1,14 @@
 """The decode loop: prefill, then draft -> tree -> verify -> accept -> commit KV, until a stop.
 
-    runner = Runner(target, head, capacity=4096)
+    runner = Runner(target, head, capacity=4096)                  # an EAGLE-3 head drafts
+    runner = Runner(target, None, capacity=4096, drafter=drafter)  # or any drafter, e.g. a small LM (model_drafter.py)
     result = runner.generate(prompt_ids, DecodeOptions(max_new_tokens=64))
     result.token_ids, result.metrics.acceptance_length
 
 Greedy acceptance makes the output token-identical to plain greedy decoding (`mode="ar"`): every
 committed token is the target's own argmax given the tokens before it; the draft only decides how many
-of them one target forward can confirm.
+of them one target forward can confirm. `mode="eagle"` is speculative decoding with whatever drafter the
+runner holds.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from eagle_trt.errors import InputError
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.runtime.drafter import Drafter
+from eagle_trt.runtime.tree_drafter import TreeDrafter
 from eagle_trt.runtime.metrics import GenerationMetrics, StepRecord
 from eagle_trt.speculative.datastore import Datastore
 from eagle_trt.speculative.lookup import NgramIndex, copied_chains, copy_budget, graft, within_rows
@@ -83,7 +86,9 @@ class Runner:
     def __init__(self, target: LlamaTarget, head: Eagle3DraftHead | None, capacity: int,
                  kv_dtype: torch.dtype | None = None, k_scales=None, v_scales=None, max_input_len: int | None = None,
                  draft_k_scales=None, draft_v_scales=None, datastore: Datastore | None = None,
-                 eos_token_ids: list[int] | None = None, tree_room: int | None = None):
+                 eos_token_ids: list[int] | None = None, tree_room: int | None = None,
+                 drafter: TreeDrafter | None = None):
+        """`head`: an EAGLE-3 head, drafted with by `Drafter`; or `drafter`: any other (runtime/tree_drafter.py)."""
         self.target, self.head = target, head
         self.tree_room = tree_room or capacity  # KV slots set aside for a step's tree (root and copies included)
         # Tokens that end an answer unless a request names its own (`eagle_trt.eos`; default: the target config's).
@@ -100,14 +105,18 @@ class Runner:
                                  f"{target.spec.num_layers} layers")
             target.aux_layer_ids = list(head_aux)
         self.cache = target.new_cache(capacity, kv_dtype, k_scales, v_scales)
-        self.drafter = Drafter(head, capacity, kv_dtype, draft_k_scales, draft_v_scales) if head is not None else None
+        if head is not None:
+            drafter = Drafter(head, capacity, kv_dtype, draft_k_scales, draft_v_scales, self.max_positions)
+        self.drafter = drafter
+        if drafter is not None:  # a draft model's own RoPE range may be shorter than the target's
+            self.max_positions = min(self.max_positions, drafter.max_positions)
 
     # ---- public ----------------------------------------------------------------------------------
     def generate(self, prompt_ids: list[int], opts: DecodeOptions,
                  on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
         self._check_prompt(prompt_ids, opts)
         eos = set(opts.eos_token_ids if opts.eos_token_ids is not None else self.eos_token_ids)
-        metrics = GenerationMetrics(mode=opts.mode if self.head is not None else "ar", prompt_tokens=len(prompt_ids),
+        metrics = GenerationMetrics(mode=opts.mode if self.drafter is not None else "ar", prompt_tokens=len(prompt_ids),
                                     temperature=opts.temperature, lossy=opts.lossy)
         out: list[int] = []
         self._params = opts.sampling
@@ -130,7 +139,7 @@ class Runner:
             return bool(metrics.stop_reason)
 
         t0 = time.perf_counter()
-        if opts.mode == "ar" or self.head is None:
+        if opts.mode == "ar" or self.drafter is None:
             self._generate_ar(prompt_ids, emit, metrics)
         else:
             self._generate_eagle(prompt_ids, opts, emit, metrics, left=lambda: opts.max_new_tokens - len(out))
@@ -196,25 +205,24 @@ class Runner:
                 return plain_emit(tokens)
 
         ids = torch.tensor(prompt_ids)
+        need_aux = self.drafter.needs_features  # the target's layer features, only for a drafter that reads them
         t = time.perf_counter()
-        root, aux = self._prefill(ids, need_aux=True)
+        root, aux = self._prefill(ids, need_aux=need_aux)
         metrics.prefill_s = time.perf_counter() - t
         if emit([root]):
             return
         t = time.perf_counter()
-        self.drafter.reset()
-        # Draft position t reads (feature_t, token_{t+1}): shift the prompt by one and append the root.
-        self.drafter.extend(aux, torch.cat([ids[1:], torch.tensor([root])]))
+        self.drafter.start(ids, aux, root)
         carry_draft_s = time.perf_counter() - t
         misses = 0  # verify steps in a row that accepted no draft token
         while True:
             if opts.fallback_after and misses >= opts.fallback_after:
-                # The head keeps missing: decode plainly for a while (same target, same p: still lossless),
-                # then catch the head up on the new tokens in one batch.
+                # The drafter keeps missing: decode plainly for a while (same target, same p: still lossless),
+                # then catch the drafter up on the new tokens in one batch.
                 metrics.fallbacks += 1
                 feats, nexts = [], []
                 for _ in range(opts.fallback_tokens):
-                    nxt, feat = self._plain_step(root, need_aux=True)
+                    nxt, feat = self._plain_step(root, need_aux=need_aux)
                     feats.append(feat)
                     nexts.append(nxt)
                     metrics.fallback_tokens += 1
@@ -222,7 +230,7 @@ class Runner:
                         return
                     root = nxt
                 t = time.perf_counter()
-                self.drafter.extend(torch.cat(feats), torch.tensor(nexts))
+                self.drafter.extend(torch.cat(feats) if need_aux else None, torch.tensor(nexts))
                 carry_draft_s, misses = time.perf_counter() - t, 0
             n = self.cache.length
             # The deepest node sits at position n + depth: no node (drafted or copied) goes deeper than the tokens
@@ -234,12 +242,8 @@ class Runner:
                     metrics.stop_reason = "context"
                 return
             t_draft = time.perf_counter()
-            if layouts is None:
-                tree = self.drafter.draft_dynamic(root, opts.beam_width, min(opts.draft_length, room),
-                                                  opts.total_tokens, opts.confidence_threshold)
-            else:
-                tree = self.drafter.draft_static(root, layouts.within(room))
-            # Node indices: the head's nodes first, then the context's copies, then the datastore's.
+            tree, proposals = self._draft(root, opts, layouts, room)
+            # Node indices: the drafter's nodes first, then the context's copies, then the datastore's.
             drafted = copied = tree.tokens.numel()
             if index is not None:
                 chains = copied_chains(index, self.datastore, min(opts.lookup_tokens, room), opts.lookup_branches,
@@ -249,7 +253,7 @@ class Runner:
             t_verify = time.perf_counter()
             # One target forward over root + tree; node i sits at position n + depth(i).
             hidden, aux = self.target.hidden_states(tree.tokens, tree.positions(n), self.cache, tree.mask,
-                                                    need_aux=True)
+                                                    need_aux=need_aux)
             if self._params.greedy and opts.posterior_threshold is None:
                 target_next = self._greedy_next(tree, hidden)
                 path, bonus = verify_greedy(tree, target_next)
@@ -259,7 +263,7 @@ class Runner:
                 logits = self.target.logits(hidden)
                 outcome = verify_sampling(tree, processed_probs(logits, self._params) if not self._params.greedy
                                           else torch.softmax(logits.float(), -1), self._gen,
-                                          opts.posterior_threshold, opts.posterior_alpha)
+                                          opts.posterior_threshold, opts.posterior_alpha, proposals)
                 path, bonus = outcome.path, outcome.bonus
                 metrics.rejections += outcome.rejections
             # Keep the accepted path's K/V, packed right after the prefix; the rest is dead space.
@@ -277,8 +281,22 @@ class Runner:
                 return
             root = bonus
             t = time.perf_counter()
-            self.drafter.extend(aux[path], torch.tensor(accepted + [bonus]))
+            self.drafter.extend(aux[path] if need_aux else None, torch.tensor(accepted + [bonus]))
             carry_draft_s = time.perf_counter() - t
+
+    def _draft(self, root: int, opts: DecodeOptions, layouts: "_StaticLayouts | None",
+               room: int) -> tuple[Tree, dict[int, torch.Tensor] | None]:
+        """The drafter's tree for this step, no deeper than `room`, and the proposal distributions of nodes drawn at
+        random (None: every node is a deterministic pick). At T > 0 a drafter that samples draws a chain from its own
+        q (verified by min(1, p/q)); otherwise the tree is its top-k picks, point masses to the verifier."""
+        sampled = (opts.tree == "chain" and not self._params.greedy and opts.posterior_threshold is None
+                   and self.drafter.samples_chains)
+        if sampled:
+            return self.drafter.draft_sampled_chain(root, min(opts.draft_length, room), self._params, self._gen)
+        if layouts is None:
+            return self.drafter.draft_dynamic(root, opts.beam_width, min(opts.draft_length, room), opts.total_tokens,
+                                              opts.confidence_threshold), None
+        return self.drafter.draft_static(root, layouts.within(room)), None
 
     def _greedy_next(self, tree: Tree, hidden: torch.Tensor) -> torch.Tensor:
         """The target's argmax after each node (-1 where not computed). The LM head is one pass over its weight

@@ -43,6 +43,13 @@ def remove_rejected(p: torch.Tensor, token: int) -> torch.Tensor:
     return p / total if total > 0 else p
 
 
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Residual after rejecting a token drawn from q: norm(max(0, p - q))."""
+    r = (p - q).clamp_min_(0.0)
+    total = r.sum()
+    return r / total if total > 0 else r
+
+
 def children_lists(tree: Tree) -> list[list[int]]:
     kids: list[list[int]] = [[] for _ in range(tree.tokens.numel())]
     for node, parent in enumerate(tree.parents.tolist()):
@@ -59,14 +66,17 @@ class SampleOutcome:
 
 
 def verify_sampling(tree: Tree, probs: torch.Tensor, generator: torch.Generator | None,
-                    posterior_threshold: float | None = None, posterior_alpha: float = 0.3) -> SampleOutcome:
-    """Multi-branch rejection sampling over a tree of deterministic (top-k) draft tokens.
+                    posterior_threshold: float | None = None, posterior_alpha: float = 0.3,
+                    proposals: dict[int, torch.Tensor] | None = None) -> SampleOutcome:
+    """Multi-branch rejection sampling over a tree of draft tokens.
 
-    probs: [N+1, V] the target's processed distribution after each node. At the current node try its
-    children in draft order: accept child x with probability min(1, p(x)/q(x)) = p(x) (q is a point mass
-    for a top-k pick); on rejection p <- norm(max(0, p - q)). If no child is accepted, the bonus token is
-    drawn from what is left of p. Each emitted token is therefore distributed exactly as p: this is
-    plain sampling from p that checks the drafted candidates first.
+    probs: [N+1, V] the target's processed distribution after each node. proposals: node -> the distribution q
+    [V] its token was drawn from (a drafter that samples); every other node is a point mass (a top-k pick, a
+    copied prompt-lookup token). At the current node try its children in draft order: accept child x with
+    probability min(1, p(x)/q(x)) (= p(x) for a point mass); on rejection p <- norm(max(0, p - q)). If no child is
+    accepted, the bonus token is drawn from what is left of p. Each rejection leaves p as the target's
+    distribution given that rejection, whatever proposal the next child came from, so every emitted token is
+    distributed exactly as p: plain sampling from p that checks the drafted candidates first.
 
     posterior_threshold (LOSSY, opt-in): typical acceptance instead — accept the first child whose
     target probability exceeds min(threshold, alpha * exp(-entropy(p))); the bonus is sampled from p.
@@ -85,11 +95,13 @@ def verify_sampling(tree: Tree, probs: torch.Tensor, generator: torch.Generator 
         else:
             for c in kids[node]:
                 x = tokens[c]
-                if float(torch.rand((), generator=generator)) < float(p[x]):
+                q = proposals.get(c) if proposals else None
+                ratio = float(p[x]) if q is None else min(1.0, float(p[x]) / float(q[x]))
+                if float(torch.rand((), generator=generator)) < ratio:
                     chosen = c
                     break
                 rejections += 1
-                p = remove_rejected(p, x)
+                p = remove_rejected(p, x) if q is None else residual(p, q)
         if chosen is None:
             bonus = int(torch.multinomial(p, 1, generator=generator))
             return SampleOutcome(torch.tensor(path), bonus, rejections)

@@ -1,0 +1,194 @@
+"""Draft-model speculative decoding on tiny random models that share a tokenizer: a small LM drafts (chain, dynamic
+and static trees) and the target verifies; greedy output == plain AR == HF transformers' greedy generate.
+
+Three drafts for one target: the target's own weights (every draft token is right: deep acceptance, an EOS inside an
+accepted path, a stop at max_new_tokens mid-path), the target with noise on its weights (some right, some wrong) and
+an unrelated smaller model (other depth, width and heads: almost all wrong).
+"""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from eagle_trt.errors import InputError
+from eagle_trt.models.llama import LlamaTarget
+from eagle_trt.runtime.model_drafter import DraftModel, ModelDrafter
+from eagle_trt.runtime.runner import DecodeOptions, Runner
+
+PROMPTS = [[5, 6, 7, 8, 9], [100, 20, 30], [256, 72, 101, 108, 108, 111]]
+TREES = [
+    dict(tree="chain", draft_length=5),
+    dict(tree="dynamic", beam_width=4, draft_length=5, total_tokens=16),
+    dict(tree="dynamic", beam_width=1, draft_length=1, total_tokens=1),
+    dict(tree="dynamic", beam_width=3, draft_length=4, total_tokens=8, confidence_threshold=0.05),
+    dict(tree="static", static_tree=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]),
+    dict(tree="dynamic", beam_width=2, draft_length=3, total_tokens=6, lookup_tokens=4, lookup_branches=2),
+]
+tree_id = lambda t: "-".join(f"{v}" for v in t.values())[:40]  # noqa: E731
+
+
+def noisy_copy(src, out, scale: float, seed: int = 0):
+    """The model at src with Gaussian noise (scale x each tensor's std) on every weight, tokenizer and config kept."""
+    shutil.copytree(src, out)
+    g = torch.Generator().manual_seed(seed)
+    w = load_file(str(src / "model.safetensors"))
+    noisy = {k: t + torch.randn(t.shape, generator=g) * t.std() * scale if t.numel() > 1 else t for k, t in w.items()}
+    save_file(noisy, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+@pytest.fixture(scope="module")
+def drafts(tiny_model_dir, tmp_path_factory):
+    from make_tiny_model import make_tiny_model
+
+    root = tmp_path_factory.mktemp("drafts")
+    return {
+        "same": tiny_model_dir,
+        "noisy": noisy_copy(tiny_model_dir, root / "noisy", 0.05),
+        "small": make_tiny_model(root / "small", seed=5, num_hidden_layers=2, hidden_size=32, intermediate_size=48,
+                                 num_attention_heads=2, num_key_value_heads=1, head_dim=16),
+    }
+
+
+def model_runner(target, draft_dir, capacity=512) -> Runner:
+    drafter = ModelDrafter(DraftModel.load(draft_dir), capacity, target.spec.vocab_size)
+    return Runner(target, None, capacity=capacity, drafter=drafter)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_model_dir):
+    return LlamaTarget.load(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def runners(target, drafts):
+    return {name: model_runner(target, d) for name, d in drafts.items()}
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+def hf_greedy(model, prompt, n, eos=None):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=eos,
+                             pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def ar(runner, prompt, n, eos=()):
+    return runner.generate(prompt, DecodeOptions(max_new_tokens=n, mode="ar", eos_token_ids=list(eos))).token_ids
+
+
+@pytest.mark.parametrize("draft", ["same", "noisy", "small"])
+@pytest.mark.parametrize("tree", TREES, ids=tree_id)
+def test_draft_model_equals_ar_and_hf(runners, hf_model, draft, tree):
+    runner = runners[draft]
+    for prompt in PROMPTS:
+        reference = hf_greedy(hf_model, prompt, 40)
+        assert ar(runner, prompt, 40) == reference
+        for n in (1, 7, 40):
+            res = runner.generate(prompt, DecodeOptions(max_new_tokens=n, eos_token_ids=[], **tree))
+            assert res.token_ids == reference[:n], (prompt, n)
+            assert res.metrics.stop_reason == "length" and res.metrics.mode == "eagle"
+
+
+def test_acceptance_follows_the_draft(runners):
+    """The target's own weights as draft: every draft token is accepted; an unrelated model: few are."""
+    opts = DecodeOptions(max_new_tokens=40, eos_token_ids=[], tree="chain", draft_length=4, fallback_after=0)
+    same = runners["same"].generate(PROMPTS[0], opts).metrics
+    assert same.acceptance_length > 4.5 and same.rejections == 0  # 4 drafts + the bonus, bar the cut at the end
+    noisy = runners["noisy"].generate(PROMPTS[0], opts).metrics
+    assert 1.3 < noisy.acceptance_length < 4 and noisy.rejections == 0  # greedy: a miss ends the path, no rejection
+    assert runners["small"].generate(PROMPTS[0], opts).metrics.acceptance_length < 1.5
+
+
+@pytest.mark.parametrize("tree", TREES[:2], ids=["chain", "dynamic"])
+def test_eos_inside_an_accepted_path(runners, hf_model, tree):
+    runner = runners["same"]  # drafts are the target's own tokens: an EOS lands mid-path
+    for prompt in PROMPTS:
+        full = ar(runner, prompt, 40)
+        for cut in (3, 9, 17):
+            eos = full[cut]
+            expected = hf_greedy(hf_model, prompt, 40, eos=eos)
+            res = runner.generate(prompt, DecodeOptions(max_new_tokens=40, eos_token_ids=[eos], **tree))
+            assert res.token_ids == expected == ar(runner, prompt, 40, [eos])
+            assert res.token_ids[-1] == eos and res.metrics.stop_reason == "eos"
+            assert res.metrics.discarded_tokens >= 0
+
+
+def test_max_new_tokens_inside_an_accepted_path(runners):
+    runner = runners["same"]
+    prompt = PROMPTS[1]
+    full = ar(runner, prompt, 40)
+    for n in range(1, 13):  # every cut position of a 5-token chain, twice over
+        res = runner.generate(prompt, DecodeOptions(max_new_tokens=n, eos_token_ids=[], tree="chain", draft_length=5))
+        assert res.token_ids == full[:n] and res.metrics.stop_reason == "length"
+        assert res.metrics.generated_tokens == n
+
+
+def test_fallback_catches_the_draft_up(runners):
+    """After repeated misses the loop decodes plainly; the draft model is then fed those tokens and drafts on."""
+    runner = runners["small"]
+    for prompt in PROMPTS:
+        res = runner.generate(prompt, DecodeOptions(max_new_tokens=48, eos_token_ids=[], tree="chain", draft_length=3,
+                                                    fallback_after=1, fallback_tokens=4))
+        assert res.token_ids == ar(runner, prompt, 48)
+    assert res.metrics.fallbacks > 0
+
+
+def test_tree_mask_sees_ancestors_only(drafts):
+    """A frontier node in a scratch slot gets the logits of decoding its own path alone, whatever sits beside it."""
+    model = DraftModel.load(drafts["noisy"])
+    prefix = [5, 6, 7, 8]
+    cache = model.new_cache(64)
+    model.hidden_states(torch.tensor(prefix), torch.arange(4), cache)
+    cache.length = 4
+    # Scratch slots 4, 5, 6: node a=10 (depth 1), b=11 (depth 1, sibling), then c=12 under a (depth 2).
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 0, 1, 0], [1, 1, 1, 1, 1, 0, 1]], dtype=torch.bool)
+    cache.length = 4
+    two, _ = model.hidden_states(torch.tensor([10, 11]), torch.tensor([4, 4]), cache, mask[:2, :6])
+    cache.length = 6
+    one, _ = model.hidden_states(torch.tensor([12]), torch.tensor([5]), cache, mask[2:, :7])
+    for path, got in (([10], two[0]), ([11], two[1]), ([10, 12], one[0])):
+        ref_cache = model.new_cache(64)
+        seq = prefix + path
+        h, _ = model.hidden_states(torch.tensor(seq), torch.arange(len(seq)), ref_cache)
+        torch.testing.assert_close(model.logits(got[None]), model.logits(h[-1:]), rtol=1e-4, atol=1e-4)
+
+
+def test_draft_with_a_shorter_context_caps_the_runner(tmp_path):
+    from make_tiny_model import make_tiny_model
+
+    target = LlamaTarget.load(make_tiny_model(tmp_path / "t", seed=3, max_position_embeddings=64))
+    draft = make_tiny_model(tmp_path / "d", seed=4, max_position_embeddings=40)
+    runner = model_runner(target, draft, capacity=256)
+    assert runner.max_positions == 40
+    prompt = [5, 6, 7, 8, 9]
+    n = 40 - len(prompt)  # right up to the draft's last position
+    res = runner.generate(prompt, DecodeOptions(max_new_tokens=n, eos_token_ids=[], tree="dynamic", beam_width=4,
+                                                draft_length=6, total_tokens=16))
+    assert res.token_ids == ar(runner, prompt, n) and len(res.token_ids) == n
+    with pytest.raises(InputError, match="context of 40 positions"):
+        runner.generate(prompt, DecodeOptions(max_new_tokens=n + 1, eos_token_ids=[]))
+
+
+def test_vocabularies_padded_to_different_sizes(tmp_path):
+    """The draft's embedding table is padded past the target's vocabulary: it never proposes those ids."""
+    from make_tiny_model import make_tiny_model
+
+    target = LlamaTarget.load(make_tiny_model(tmp_path / "t", seed=0))
+    draft = make_tiny_model(tmp_path / "d", seed=0, vocab_size=300, with_tokenizer=False)
+    cfg = json.loads((draft / "config.json").read_text())
+    assert cfg["vocab_size"] == 300
+    runner = model_runner(target, draft)
+    for prompt in PROMPTS:
+        res = runner.generate(prompt, DecodeOptions(max_new_tokens=30, eos_token_ids=[], tree="dynamic",
+                                                    beam_width=4, draft_length=4, total_tokens=12))
+        assert res.token_ids == ar(runner, prompt, 30)
