@@ -81,7 +81,7 @@ class Kernels:
                 packed = torch.empty((n + 31) // 32 * 32 * k, dtype=w.dtype)
                 self.amx_pack(w.data_ptr(), packed.data_ptr(), k, n)
             else:
-                packed = torch.empty(self.gemm_packed_size(k, n), dtype=w.dtype)
+                packed = torch.empty(self.gemm_packed_size(k, n, bf), dtype=w.dtype)
                 self.gemm_pack(w.data_ptr(), packed.data_ptr(), k, n, bf)
 
             def call(x: torch.Tensor) -> torch.Tensor:

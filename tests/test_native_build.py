@@ -99,7 +99,7 @@ def test_header_parser_reads_pointers_and_scalars():
 @needs_lib
 def test_loaded_library_names_its_backend():
     assert lib.backend in ("amx", "avx512", "avx2")
-    assert lib.gemm_packed_size(10, 3) == 2 * lib.lanes() * 10  # one panel of 2 vectors
+    assert lib.gemm_packed_size(10, 3, 0) == 2 * lib.lanes() * 10  # one panel of 2 vectors
 
 
 def test_isa_switch(monkeypatch):

@@ -73,7 +73,7 @@ def test_writes_into_a_given_buffer_and_checks_its_input(build):
     with pytest.raises(TypeError, match="takes a 2-D torch.float32 CPU input"):
         proj(x.bfloat16())
     assert proj(x[:0]).shape == (0, 96)
-    assert proj.w.numel() == lib.gemm_packed_size(64, 96) and proj.w.dtype == torch.float32
+    assert proj.w.numel() == lib.gemm_packed_size(64, 96, 0) and proj.w.dtype == torch.float32
 
 
 @pytest.mark.parametrize("build", build_names())

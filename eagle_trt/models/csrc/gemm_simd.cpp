@@ -1,17 +1,21 @@
-// Projections y = x @ W on AVX2 + FMA or AVX-512 vectors, for fp32 weights and for bf16-stored weights computed in
-// fp32, with every output row a function of that row of x alone.
+// Projections y = x @ W on AVX2 + FMA or AVX-512 vectors, for fp32 weights and for bf16-stored weights, with every
+// output row a function of that row of x alone.
 //
-// The invariant: each output element y[m, n] is one chain of fused multiply-adds over k = 0 .. K-1, in order, from
-// +0:   acc = 0;  for k: acc = fma(W[k, n], x[m, k], acc);   y[m, n] = acc (rounded once for a bf16 output).
+// The invariant: each output element y[m, n] is one chain over k = 0 .. K-1, in order, from +0:
+//   fp32 math:  acc = 0;  for k:       acc = fma(W[k, n], x[m, k], acc)
+//   bf16 dot:   acc = 0;  for k pairs: acc = dpbf16(acc, W[k..k+1, n], x[m, k..k+1])   (CPUs with AVX512-BF16)
+// then y[m, n] = acc, rounded once for a bf16 output. bf16 weights take the dot on CPUs that have it (the bf16 engine
+// multiplies bf16 activations, whose products are exact in fp32) and the fp32 math elsewhere.
 // Vector lanes hold output columns (one chain per lane), rows are register blocks that share each weight load,
 // threads split column panels (never a sum), and a chain paused between chunks of K waits in fp32 memory, which is
 // exact. So neither the row count, nor the rows beside a row, nor the blocking, nor the thread count changes a bit,
 // and a T-row verify pass gives the bits of T one-row calls (tests/test_native_gemm.py). bf16 values become fp32
 // exactly (a 16-bit shift), so bf16 weights stream half the bytes for the same arithmetic.
 //
-// Layout, packed once at load: panels of kPanel = 2 * kLanes columns, [panel][K][kPanel], zero past N. A bf16 panel
-// row interleaves its two halves: 32-bit word j holds column j in its low half and column kLanes + j in its high
-// half, so one load gives both fp32 vectors by a shift and a mask.
+// Layout, packed once at load: panels of kPanel = 2 * kLanes columns, [panel][step][...], zero past N and K. fp32: a
+// step is one k, kPanel columns. bf16 fp32-math: one k, its 32-bit word j holding column j in its low half and column
+// kLanes + j in its high half, so one load gives both fp32 vectors by a shift and a mask. bf16 dot: a pair of k, two
+// vectors of kLanes words (columns 0 .. kLanes-1, then the rest), word j = (W[k, j], W[k+1, j]).
 //
 // Each weight is read from memory once for up to kSuperRows rows: a panel is walked in chunks of K that stay in the
 // L1 cache, and every register block of rows takes its turn on a chunk before the next one is read (prefetched
@@ -21,7 +25,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "kernels.h"
 #include "simd.h"
@@ -44,6 +50,21 @@ constexpr int64_t kChunkK = 256;  // 16 KB
 #endif
 constexpr int64_t kSuperRows = 64;  // rows that share one pass over the weights
 
+// Whether bf16 weights take the bf16 dot product (a property of the build: the CPU it targets has AVX512-BF16).
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+constexpr bool kHasDot = true;
+#else
+constexpr bool kHasDot = false;
+#endif
+template <typename T>
+constexpr bool kDot = kHasDot && std::is_same_v<T, uint16_t>;
+
+// Steps of a chain over K (k pairs for the dot), and elements of one panel step.
+template <typename T>
+constexpr int64_t steps(int64_t K) { return kDot<T> ? (K + 1) / 2 : K; }
+template <typename T>
+constexpr int64_t kStepElems = kDot<T> ? 2 * kPanel : kPanel;
+
 // Panel row of a packed weight -> its two fp32 vectors (columns 0 .. kLanes-1 and kLanes .. kPanel-1).
 inline void panel_row(const float* p, vf& lo, vf& hi) {
     lo = vload(p);
@@ -58,23 +79,36 @@ inline void panel_row(const uint16_t* p, vf& lo, vf& hi) {
     std::memcpy(&hi, &b, sizeof hi);
 }
 
-// Cache lines of one panel row: what the loop below asks the memory system for, ahead of time.
+// Cache lines of one panel step: what the loop below asks the memory system for, ahead of time.
 template <typename W>
-constexpr int kRowLines = kPanel * sizeof(W) / 64 > 0 ? kPanel * sizeof(W) / 64 : 1;
+constexpr int kStepLines = kStepElems<W> * sizeof(W) / 64 > 0 ? kStepElems<W> * sizeof(W) / 64 : 1;
 
-// The chains of R rows of x (fp32, row stride ldx) on one panel over k0 .. k1-1: a[r] continues from what it holds.
-// With ahead > 0 each step also prefetches the panel row `ahead` rows on (the weights stream from memory; a prefetch
-// changes no arithmetic).
+// The chains of R rows of x on one panel over steps s0 .. s1-1: a[r] continues from what it holds. x: fp32 values
+// (row stride ldx), or for the dot the rows' bf16 pairs as 32-bit words (row stride ldx words). With ahead > 0 each
+// step also prefetches the panel step `ahead` steps on (the weights stream from memory; a prefetch changes no
+// arithmetic).
 template <typename W, int R>
-inline void chains(const float* x, int64_t ldx, const W* w, int64_t k0, int64_t k1, vf (&a)[R][2], int64_t ahead) {
-    for (int64_t k = k0; k < k1; ++k) {
+inline void chains(const void* x, int64_t ldx, const W* w, int64_t s0, int64_t s1, vf (&a)[R][2], int64_t ahead) {
+    for (int64_t s = s0; s < s1; ++s) {
+        const W* row = w + s * kStepElems<W>;
         if (ahead)
-            for (int l = 0; l < kRowLines<W>; ++l)
-                __builtin_prefetch(reinterpret_cast<const char*>(w + (k + ahead) * kPanel) + 64 * l);
+            for (int l = 0; l < kStepLines<W>; ++l)
+                __builtin_prefetch(reinterpret_cast<const char*>(row + ahead * kStepElems<W>) + 64 * l);
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+        if constexpr (kDot<W>) {
+            const __m512bh lo = (__m512bh)_mm512_loadu_si512(row), hi = (__m512bh)_mm512_loadu_si512(row + kPanel);
+            for (int r = 0; r < R; ++r) {
+                const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<const int32_t*>(x)[r * ldx + s]);
+                a[r][0] = reinterpret_cast<vf>(_mm512_dpbf16_ps(reinterpret_cast<__m512>(a[r][0]), lo, xb));
+                a[r][1] = reinterpret_cast<vf>(_mm512_dpbf16_ps(reinterpret_cast<__m512>(a[r][1]), hi, xb));
+            }
+            continue;
+        }
+#endif
         vf lo, hi;
-        panel_row(w + k * kPanel, lo, hi);
+        panel_row(row, lo, hi);
         for (int r = 0; r < R; ++r) {
-            const vf xb = vsplat(x + r * ldx + k);
+            const vf xb = vsplat(static_cast<const float*>(x) + r * ldx + s);
             a[r][0] = vfma(lo, xb, a[r][0]);
             a[r][1] = vfma(hi, xb, a[r][1]);
         }
@@ -95,19 +129,19 @@ inline void store_panel(T* out, int64_t n0, int64_t N, vf lo, vf hi) {
     for (int64_t c = 0; c < N - n0; ++c) Elem<T>::put(out + n0 + c, t[c]);
 }
 
-// R rows (x, out: their first row) on one panel over k0 .. k1-1. The chains start at 0 when k0 is 0, else from
-// `saved` ([R][kPanel] fp32); they end in `out` when k1 is K, else in `saved`.
+// R rows (x, out: their first row) on one panel over steps s0 .. s1-1 of `total`. The chains start at 0 when s0 is 0,
+// else from `saved` ([R][kPanel] fp32); they end in `out` when s1 is `total`, else in `saved`.
 template <typename T, int R>
-void rows_on_panel(const float* x, const T* panel, int64_t K, int64_t k0, int64_t k1, float* saved, T* out,
-                   int64_t N, int64_t n0, int64_t ahead) {
+void rows_on_panel(const void* x, int64_t ldx, const T* panel, int64_t total, int64_t s0, int64_t s1, float* saved,
+                   T* out, int64_t N, int64_t n0, int64_t ahead) {
     vf a[R][2];
     for (int r = 0; r < R; ++r) {
-        a[r][0] = k0 ? vload(saved + r * kPanel) : vf{};
-        a[r][1] = k0 ? vload(saved + r * kPanel + kLanes) : vf{};
+        a[r][0] = s0 ? vload(saved + r * kPanel) : vf{};
+        a[r][1] = s0 ? vload(saved + r * kPanel + kLanes) : vf{};
     }
-    chains<T, R>(x, K, panel, k0, k1, a, ahead);
+    chains<T, R>(x, ldx, panel, s0, s1, a, ahead);
     for (int r = 0; r < R; ++r) {
-        if (k1 == K) {
+        if (s1 == total) {
             store_panel(out + r * N, n0, N, a[r][0], a[r][1]);
         } else {
             vstore(saved + r * kPanel, a[r][0]);
@@ -117,30 +151,32 @@ void rows_on_panel(const float* x, const T* panel, int64_t K, int64_t k0, int64_
 }
 
 template <typename T>
-using RowsFn = void (*)(const float*, const T*, int64_t, int64_t, int64_t, float*, T*, int64_t, int64_t, int64_t);
+using RowsFn = void (*)(const void*, int64_t, const T*, int64_t, int64_t, int64_t, float*, T*, int64_t, int64_t,
+                        int64_t);
 
 template <typename T, size_t... I>
 constexpr std::array<RowsFn<T>, sizeof...(I)> rows_table(std::index_sequence<I...>) {
     return {&rows_on_panel<T, static_cast<int>(I) + 1>...};
 }
 
-// m rows (1 .. kSuperRows), panels p0 .. p1-1: per panel, per chunk of K, every register block of rows in turn (the
-// blocks as even as kMaxRows allows). While the first block works on a chunk it prefetches the next one, so the
-// weights stream from memory under the arithmetic instead of between it.
+// m rows (1 .. kSuperRows) of x (prepared by `rows_for_math`: row stride ldx), panels p0 .. p1-1: per panel, per
+// chunk of K, every register block of rows in turn (the blocks as even as kMaxRows allows). While the first block
+// works on a chunk it prefetches the next one, so the weights stream from memory under the arithmetic.
 template <typename T>
-void many_rows(const float* x, int64_t m, const T* packed, int64_t K, int64_t N, int64_t p0, int64_t p1, T* out,
-               float* saved) {
+void many_rows(const void* x, int64_t ldx, int64_t m, const T* packed, int64_t K, int64_t N, int64_t p0, int64_t p1,
+               T* out, float* saved) {
     static constexpr auto table = rows_table<T>(std::make_index_sequence<kMaxRows>{});
     const int64_t blocks = (m + kMaxRows - 1) / kMaxRows, base = m / blocks, extra = m % blocks;
-    const int64_t chunk = kChunkK;
+    const int64_t total = steps<T>(K), chunk = kChunkK;
+    const int64_t xsize = kDot<T> ? 4 : sizeof(float);  // bytes of one step of x
     for (int64_t p = p0; p < p1; ++p) {
-        const T* panel = packed + p * K * kPanel;
-        for (int64_t k0 = 0; k0 < K; k0 += chunk) {
-            const int64_t k1 = k0 + chunk < K ? k0 + chunk : K;
+        const T* panel = packed + p * total * kStepElems<T>;
+        for (int64_t s0 = 0; s0 < total; s0 += chunk) {
+            const int64_t s1 = s0 + chunk < total ? s0 + chunk : total;
             for (int64_t b = 0, r0 = 0; b < blocks; ++b) {
                 const int64_t rows = base + (b < extra);
-                const int64_t ahead = b == 0 ? chunk : 0;
-                table[rows - 1](x + r0 * K, panel, K, k0, k1, saved + r0 * kPanel, out + r0 * N, N, p * kPanel, ahead);
+                table[rows - 1](static_cast<const char*>(x) + r0 * ldx * xsize, ldx, panel, total, s0, s1,
+                                saved + r0 * kPanel, out + r0 * N, N, p * kPanel, b == 0 ? chunk : 0);
                 r0 += rows;
             }
         }
@@ -162,6 +198,28 @@ struct Buffer {
     ~Buffer() { std::free(p); }
 };
 
+// Rows r .. r+m-1 of x as the chains read them: fp32 values (an fp32 x itself; bf16 widened into buf), or for the
+// dot bf16 pairs (copied into buf with a zero past an odd K). Returns the rows and sets ld, their stride in steps.
+template <typename T>
+const void* rows_for_math(const T* x, int64_t r, int64_t m, int64_t K, float* buf, int64_t& ld) {
+    if constexpr (kDot<T>) {
+        ld = steps<T>(K);
+        uint16_t* dst = reinterpret_cast<uint16_t*>(buf);
+        for (int64_t i = 0; i < m; ++i) {
+            std::memcpy(dst + i * 2 * ld, x + (r + i) * K, K * sizeof(uint16_t));
+            if (K % 2) dst[i * 2 * ld + K] = 0;
+        }
+        return dst;
+    } else if constexpr (std::is_same_v<T, float>) {
+        ld = K;
+        return x + r * K;
+    } else {
+        ld = K;
+        for (int64_t i = 0; i < m * K; ++i) buf[i] = Elem<T>::get(x + r * K + i);
+        return buf;
+    }
+}
+
 template <typename T>
 int gemm(const T* x, const T* packed, T* out, int64_t M, int64_t K, int64_t N, int threads) {
     const int64_t panels = (N + kPanel - 1) / kPanel;
@@ -178,21 +236,16 @@ int gemm(const T* x, const T* packed, T* out, int64_t M, int64_t K, int64_t N, i
         // Contiguous panel ranges, one per thread.
         const int64_t per = (panels + nt - 1) / nt, p0 = tid * per, p1 = p0 + per < panels ? p0 + per : panels;
         float* saved = b_saved.get(kSuperRows * kPanel);
-        float* xf = sizeof(T) == sizeof(float) ? nullptr : b_x.get(kSuperRows * K);
-        if (!saved || (sizeof(T) != sizeof(float) && !xf)) {
+        float* xbuf = std::is_same_v<T, float> ? nullptr : b_x.get(kSuperRows * (K + 1));
+        if (!saved || (!std::is_same_v<T, float> && !xbuf)) {
 #pragma omp atomic write
             failed = 1;
         } else if (p0 < p1) {
             for (int64_t r = 0; r < M; r += kSuperRows) {
                 const int64_t m = M - r < kSuperRows ? M - r : kSuperRows;
-                const float* xr;
-                if constexpr (sizeof(T) == sizeof(float)) {
-                    xr = reinterpret_cast<const float*>(x) + r * K;
-                } else {
-                    for (int64_t i = 0; i < m * K; ++i) xf[i] = Elem<T>::get(x + r * K + i);
-                    xr = xf;
-                }
-                many_rows(xr, m, packed, K, N, p0, p1, out + r * N, saved);
+                int64_t ld = 0;
+                const void* rows = rows_for_math(x, r, m, K, xbuf, ld);
+                many_rows(rows, ld, m, packed, K, N, p0, p1, out + r * N, saved);
             }
         }
     }
@@ -200,20 +253,18 @@ int gemm(const T* x, const T* packed, T* out, int64_t M, int64_t K, int64_t N, i
 }
 
 #ifdef EAGLE_TRT_MUTATE_GEMM
-// Test-only (tests/test_native_mutation.py): the last row of a many-row call sums its two halves of K apart.
+// Test-only (tests/test_native_mutation.py): the last row of a many-row call sums its two halves of K apart (each
+// half a call of its own on x with the other half zeroed), then adds them.
 template <typename T>
 int mutated_gemm(const T* x, const T* packed, T* out, int64_t M, int64_t K, int64_t N, int threads) {
     if (M == 1 || K < 2) return gemm(x, packed, out, M, K, N, threads);
     if (int rc = gemm(x, packed, out, M - 1, K, N, threads)) return rc;
-    float xf[8192];
-    if (K > 8192) return -2;
-    for (int64_t k = 0; k < K; ++k) xf[k] = Elem<T>::get(x + (M - 1) * K + k);
-    for (int64_t p = 0; p < (N + kPanel - 1) / kPanel; ++p) {
-        vf a[1][2] = {}, b[1][2] = {};
-        chains<T, 1>(xf, K, packed + p * K * kPanel, 0, K / 2, a, 0);
-        chains<T, 1>(xf, K, packed + p * K * kPanel, K / 2, K, b, 0);
-        store_panel(out + (M - 1) * N, p * kPanel, N, a[0][0] + b[0][0], a[0][1] + b[0][1]);
-    }
+    std::vector<T> lo(x + (M - 1) * K, x + M * K), hi = lo, ylo(N), yhi(N);
+    std::fill(lo.begin() + K / 2, lo.end(), T{});
+    std::fill(hi.begin(), hi.begin() + K / 2, T{});
+    if (int rc = gemm(lo.data(), packed, ylo.data(), 1, K, N, threads)) return rc;
+    if (int rc = gemm(hi.data(), packed, yhi.data(), 1, K, N, threads)) return rc;
+    for (int64_t n = 0; n < N; ++n) Elem<T>::put(out + (M - 1) * N + n, Elem<T>::get(&ylo[n]) + Elem<T>::get(&yhi[n]));
     return 0;
 }
 #endif
@@ -245,25 +296,40 @@ int eagle_trt_isa(void) {
 
 int eagle_trt_lanes(void) { return kLanes; }
 
-// Elements of a packed [K, N] weight: N rounded up to whole panels, times K.
-int64_t eagle_trt_gemm_packed_size(int64_t K, int64_t N) { return (N + kPanel - 1) / kPanel * kPanel * K; }
+// Elements of a packed [K, N] weight (fp32, or bf16 with bf16 = 1): N rounded up to whole panels, times the steps.
+int64_t eagle_trt_gemm_packed_size(int64_t K, int64_t N, int bf16) {
+    const int64_t per_panel = bf16 ? steps<uint16_t>(K) * kStepElems<uint16_t> : K * kPanel;
+    return (N + kPanel - 1) / kPanel * per_panel;
+}
 
 // w: [K, N] row-major, fp32 or bf16 -> packed (eagle_trt_gemm_packed_size elements of the same type).
 int eagle_trt_gemm_pack(const void* w, void* packed, int64_t K, int64_t N, int bf16) {
     if (K <= 0 || N <= 0) return -2;
     const int64_t panels = (N + kPanel - 1) / kPanel;
-    for (int64_t p = 0; p < panels; ++p)
-        for (int64_t k = 0; k < K; ++k)
-            for (int c = 0; c < kPanel; ++c) {
-                const int64_t col = p * kPanel + c, at = (p * K + k) * kPanel;
-                if (bf16) {
-                    const int slot = c < kLanes ? 2 * c : 2 * (c - kLanes) + 1;
-                    static_cast<uint16_t*>(packed)[at + slot] =
-                        col < N ? static_cast<const uint16_t*>(w)[k * N + col] : 0;
-                } else {
-                    static_cast<float*>(packed)[at + c] = col < N ? static_cast<const float*>(w)[k * N + col] : 0.0f;
+    if (!bf16) {
+        const float* src = static_cast<const float*>(w);
+        float* dst = static_cast<float*>(packed);
+        for (int64_t p = 0; p < panels; ++p)
+            for (int64_t k = 0; k < K; ++k)
+                for (int c = 0; c < kPanel; ++c) {
+                    const int64_t col = p * kPanel + c;
+                    dst[(p * K + k) * kPanel + c] = col < N ? src[k * N + col] : 0.0f;
                 }
-            }
+        return 0;
+    }
+    const uint16_t* src = static_cast<const uint16_t*>(w);
+    uint16_t* dst = static_cast<uint16_t*>(packed);
+    const int64_t total = steps<uint16_t>(K);
+    for (int64_t p = 0; p < panels; ++p)
+        for (int64_t s = 0; s < total; ++s)
+            for (int c = 0; c < kPanel; ++c)
+                for (int e = 0; e < (kDot<uint16_t> ? 2 : 1); ++e) {
+                    const int64_t col = p * kPanel + c, k = kDot<uint16_t> ? 2 * s + e : s;
+                    // dot: vector c / kLanes, word c % kLanes, half e; fp32 math: word c % kLanes, half c / kLanes.
+                    const int64_t slot = kDot<uint16_t> ? (c / kLanes) * kPanel + 2 * (c % kLanes) + e
+                                                        : 2 * (c % kLanes) + c / kLanes;
+                    dst[(p * total + s) * kStepElems<uint16_t> + slot] = col < N && k < K ? src[k * N + col] : 0;
+                }
     return 0;
 }
 

@@ -17,7 +17,7 @@ int eagle_trt_isa(void);
 int eagle_trt_lanes(void);
 
 // Row-invariant projections (gemm_simd.cpp): out [M, N] = x [M, K] @ W for fp32 or bf16 weights, in fp32.
-int64_t eagle_trt_gemm_packed_size(int64_t K, int64_t N);
+int64_t eagle_trt_gemm_packed_size(int64_t K, int64_t N, int bf16);
 int eagle_trt_gemm_pack(const void* w, void* packed, int64_t K, int64_t N, int bf16);
 int eagle_trt_gemm(const void* x, const void* packed, void* out, int64_t M, int64_t K, int64_t N, int bf16,
                    int threads);

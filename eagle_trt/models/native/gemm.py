@@ -53,7 +53,7 @@ class NativeProjection:
             self.w = torch.empty(amx_packed_size(k, n), dtype=BF16)
             rc = lib.amx_pack(weight.data_ptr(), self.w.data_ptr(), k, n)
         else:
-            self.w = torch.empty(lib.gemm_packed_size(k, n), dtype=weight.dtype)
+            self.w = torch.empty(lib.gemm_packed_size(k, n, int(weight.dtype is BF16)), dtype=weight.dtype)
             rc = lib.gemm_pack(weight.data_ptr(), self.w.data_ptr(), k, n, int(weight.dtype is BF16))
         if rc != 0:
             raise RuntimeError(f"packing a {list(weight.shape)} weight failed (code {rc})")
