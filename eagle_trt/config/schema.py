@@ -69,9 +69,10 @@ class EagleConfig(BaseModel):
     )
     dtype: Literal["float32", "float16", "bfloat16"] = Field(
         "float32",
-        description="Engine weight dtype. CPU: float32 everywhere; bfloat16 on CPUs with AMX or AVX512-BF16 "
-        "(half the weight bytes, and a 16-token verify costs about 1.5x one token instead of 2x; still lossless "
-        "against bf16 plain decoding, but its text differs from a float32 model's). GPU: float16 or bfloat16.",
+        description="Engine weight dtype. CPU: both lossless against plain decoding of the same dtype (their texts "
+        "differ); bfloat16 is the faster engine wherever the compiled kernels run (x86-64 with AVX2 and a C++ "
+        "compiler: half the weight bytes, fp32, bf16-dot or AMX math by CPU), float32 runs everywhere. GPU: float16 "
+        "or bfloat16.",
     )
     kv_cache_dtype: Literal["auto", "float32", "float16", "bfloat16", "fp8"] = Field(
         "auto",
