@@ -124,7 +124,7 @@ def test_bf16_on_a_cpu_without_bf16_hardware_warns(tmp_path, ckpt, monkeypatch, 
 def test_unexpected_error_exits_1(tmp_path, ckpt, monkeypatch):
     import eagle_trt.engine.builder as builder
 
-    def broken(cfg, plan, root):
+    def broken(cfg, plan, root, max_shard_bytes):
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr(builder, "_write_engine", broken)

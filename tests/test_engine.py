@@ -179,7 +179,7 @@ def test_failed_build_keeps_old_engine_and_leaves_no_temp(cfg, ckpt, engine, mon
 
     before = read_manifest(engine)
 
-    def broken(cfg, plan, root):
+    def broken(cfg, plan, root, max_shard_bytes):
         (root / "half-written").write_text("x")
         raise RuntimeError("disk full")
 

@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from eagle_trt.cli.common import EXIT_CODES_HELP, JsonOpt, console, err_console, handle_errors, print_json
+from eagle_trt.cli.common import (DEFAULT_SHARD_SIZE, EXIT_CODES_HELP, JsonOpt, MaxShardOpt, console, err_console,
+                                  handle_errors, print_json)
 
 
 def build(
@@ -24,6 +25,7 @@ def build(
         'chain) or 1.3+ (1.3 release candidates, 1.4, main; dynamic trees). Overrides trtllm_version; default 1.3+.')] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check everything (paths, head vs target shapes, "
                                           "dtypes and tree limits of the backend); write nothing.")] = False,
+    max_shard_size: MaxShardOpt = DEFAULT_SHARD_SIZE,
     json_out: JsonOpt = False,
 ) -> None:
     """Build an engine dir: weights in the engine dtype, tokenizer, manifest.json with sha256 of every file.
@@ -34,13 +36,13 @@ def build(
 
     Example: eagle-trt build --config configs/eagle_config.yaml --checkpoint checkpoints/smollm2 --json
     """
-    handle_errors(_build)(config, checkpoint, output, backend, trtllm_version, dry_run, json_out)
+    handle_errors(_build)(config, checkpoint, output, backend, trtllm_version, dry_run, json_out, max_shard_size)
 
 
 build.__doc__ += "\n\n    " + EXIT_CODES_HELP  # indented like the docstring, so help dedents it
 
 
-def _build(config, checkpoint, output, backend, trtllm_version, dry_run, json_out) -> None:
+def _build(config, checkpoint, output, backend, trtllm_version, dry_run, json_out, max_shard_size) -> None:
     from dataclasses import asdict
 
     from eagle_trt.config import load_config, override_config
@@ -48,7 +50,8 @@ def _build(config, checkpoint, output, backend, trtllm_version, dry_run, json_ou
 
     cfg = override_config(load_config(config), {"backend": backend}, source="--backend")
     cfg = override_config(cfg, {"trtllm_version": trtllm_version}, source="--trtllm-version")
-    summary = build_engine(cfg, checkpoint_dir=checkpoint, output_dir=output, dry_run=dry_run)
+    summary = build_engine(cfg, checkpoint_dir=checkpoint, output_dir=output, dry_run=dry_run,
+                           max_shard_size=max_shard_size)
     for warning in summary.warnings:
         err_console.print(f"Warning: {warning}", soft_wrap=True, markup=False)
     if summary.trtllm is not None and not summary.trtllm["validated"]:

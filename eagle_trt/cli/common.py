@@ -40,6 +40,10 @@ SkipVerifyOpt = Annotated[bool, typer.Option(
     "--skip-verify", help="Do not check the sha256 of every engine file on load (faster, less safe).")]
 
 
+DEFAULT_SHARD_SIZE = "5GB"
+MaxShardOpt = Annotated[str, typer.Option(
+    "--max-shard-size", help="Largest weight file written (e.g. 5GB, 500MB, 2GiB); larger models are split into "
+                             "model-0000i-of-0000N.safetensors shards with an index, as transformers writes them.")]
 ThreadsOpt = Annotated[Optional[int], typer.Option(
     "--threads", help="CPU threads for torch (default: all cores). On a busy machine use fewer: a thread that "
                       "waits for a busy core stalls every matrix product.")]

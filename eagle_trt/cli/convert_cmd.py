@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from eagle_trt.cli.common import JsonOpt, console, handle_errors, print_json
+from eagle_trt.cli.common import DEFAULT_SHARD_SIZE, JsonOpt, MaxShardOpt, console, handle_errors, print_json
 
 
 def convert(
@@ -48,6 +48,7 @@ def convert(
         help="Where regeneration, feature caching and training run: auto (a CUDA GPU if torch sees one), cpu, "
              "cuda or cuda:N. The checkpoint, its validation and KV calibration are always on the CPU.")] = "auto",
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it already exists.")] = False,
+    max_shard_size: MaxShardOpt = DEFAULT_SHARD_SIZE,
     json_out: JsonOpt = False,
 ) -> None:
     """Attach an EAGLE-3 draft head (NVIDIA modelopt) to MODEL, optionally train it, and export target + draft.
@@ -64,7 +65,8 @@ def convert(
         steps=steps, epochs=epochs, data=data or None, draft_vocab_size=draft_vocab_size, seq_len=seq_len,
         batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, ttt_steps=ttt_steps, regenerate=regenerate,
         max_new_tokens=max_new_tokens, resume=resume, work_dir=work_dir, checkpoint_every=checkpoint_every,
-        seed=seed, validate=validate, head=head, calibrate_kv=calibrate_kv, device=device, overwrite=force),
+        seed=seed, validate=validate, head=head, calibrate_kv=calibrate_kv, device=device, overwrite=force,
+        max_shard_size=max_shard_size),
         json_out)
 
 

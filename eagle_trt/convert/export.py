@@ -26,9 +26,10 @@ import json
 import os
 from pathlib import Path
 
-from eagle_trt.errors import CheckpointError, InputError
+from eagle_trt.errors import InputError
 from eagle_trt.staging import staged_dir, swap_into_place, sweep_stale
 
+DEFAULT_SHARD_BYTES = 5 * 10**9  # transformers 4.x's default shard size ("5GB")
 # Fields `eagle-trt build` and the runtime read from draft/config.json.
 DRAFT_CONFIG_FIELDS = (
     "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
@@ -88,15 +89,15 @@ def staged_output(output_dir: str | Path, overwrite: bool = False):
         _commit(stage, out, overwrite)
 
 
-def write_target(model, tokenizer, target_dir: Path) -> None:
-    """Save the plain base model (fp32 safetensors, HF names) plus its tokenizer files."""
+def write_target(model, tokenizer, target_dir: Path, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+    """Save the plain base model (fp32 safetensors, HF names; shards of at most max_shard_bytes with
+    model.safetensors.index.json when it is larger) plus its tokenizer files. The tensors are written from where
+    they lie, without a second copy of the model."""
     if hasattr(model, "eagle_module"):
         # save_pretrained would store eagle_module.* weights and an "EagleLlamaForCausalLM" class.
         raise ValueError("write_target needs the plain target: call it before attach_eagle3")
-    model.save_pretrained(target_dir)
+    model.save_pretrained(target_dir, max_shard_size=max_shard_bytes)
     tokenizer.save_pretrained(target_dir)
-    if not (target_dir / "model.safetensors").is_file():  # sharded: > 50 GB of weights
-        raise CheckpointError(f"target too large for a single model.safetensors in {target_dir}")
 
 
 def _target_config(model):

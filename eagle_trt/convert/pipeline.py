@@ -40,6 +40,7 @@ from typing import Callable
 from eagle_trt.engine.datastore_file import DATASTORE_NAME, write_datastore
 from eagle_trt.eos import eos_token_ids
 from eagle_trt.errors import InputError, MissingDependencyError
+from eagle_trt.safetensors_stream import parse_size
 
 from .attach import attach_eagle3
 from .export import check_apart, check_output_dir, staged_output, write_draft, write_manifest, write_target
@@ -216,6 +217,7 @@ def convert_model(
     head: str | Path | None = None,
     calibrate_kv: bool = True,
     device: str | None = "auto",
+    max_shard_size: str | int = "5GB",
 ) -> ConvertResult:
     """Convert MODEL (HF dir or .gguf) into OUT with an EAGLE-3 draft head; see the module doc.
 
@@ -225,6 +227,10 @@ def convert_model(
     everything written is on the CPU (see `device.py`)."""
     if steps < 0:
         raise InputError(f"--steps must be >= 0; got {steps}")
+    try:
+        max_shard_bytes = parse_size(max_shard_size)
+    except ValueError as e:
+        raise InputError(f"--max-shard-size: {e}") from None
     if draft_vocab_size is not None and draft_vocab_size < 1:
         raise InputError(f"--draft-vocab-size must be >= 1; got {draft_vocab_size}")
     train = steps > 0 or epochs is not None
@@ -275,7 +281,7 @@ def convert_model(
         with stages.stage("export_target", "Writing target model"):
             # Before attaching: the target must be saved without eagle_module and under its
             # own class name, and this way needs no second copy of the weights.
-            write_target(model, tokenizer, stage / "target")
+            write_target(model, tokenizer, stage / "target", max_shard_bytes)
         if head is not None:
             del model  # what follows reads the written checkpoint: never two copies of the weights at once
             gc.collect()

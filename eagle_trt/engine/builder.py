@@ -75,9 +75,17 @@ def build_engine(
     output_dir: str | Path | None = None,
     dry_run: bool = False,
     overwrite: bool = True,
+    max_shard_size: str | int = "5GB",
 ) -> BuildSummary:
-    """Build engines/<cfg.name> (or output_dir) from checkpoint_dir (or cfg.checkpoint_dir)."""
+    """Build engines/<cfg.name> (or output_dir) from checkpoint_dir (or cfg.checkpoint_dir); weight files larger
+    than max_shard_size are split into shards."""
+    from eagle_trt.safetensors_stream import parse_size
+
     start = time.monotonic()
+    try:
+        max_shard_bytes = parse_size(max_shard_size)
+    except ValueError as e:
+        raise InputError(f"--max-shard-size: {e}") from None
     if checkpoint_dir is None and cfg.checkpoint_dir is None:
         raise InputError(
             "no checkpoint dir: set checkpoint_dir in the config or pass --checkpoint",
@@ -94,6 +102,7 @@ def build_engine(
         update={
             "checkpoint_dir": str(ckpt),
             "eagle_architecture": plan.architecture,
+            "draft": plan.draft_config,
             "kv_cache_dtype": cfg.resolved_kv_cache_dtype,
         }
     )
@@ -113,7 +122,7 @@ def build_engine(
         raise InputError(f"cannot write the engine '{out}' ({e.strerror}: {out.parent}); choose another --output or "
                          "fix its permissions") from None
     with staged_dir(out, "tmp") as tmp:
-        manifest = _write_engine(resolved, plan, tmp)
+        manifest = _write_engine(resolved, plan, tmp, max_shard_bytes)
         open_engine(tmp, verify=True)  # read back what we wrote before it replaces anything
         if cfg.backend == "trtllm":
             from eagle_trt.engine.trtllm_backend import validate_bundle
@@ -172,20 +181,16 @@ def _check_output(out: Path, overwrite: bool) -> None:
         raise InputError(f"refusing to replace '{out}': it is not empty and has no {MANIFEST_NAME}")
 
 
-def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path) -> Manifest:
+def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path, max_shard_bytes: int) -> Manifest:
     trt = cfg.backend == "trtllm"
     for sub in ("target", "draft", "tokenizer"):
         (root / sub).mkdir()
-    target_tensors = {}
-    for shard in plan.target_weights:
-        target_tensors.update(_load(shard))
     scales = _load(plan.kv_scales) if plan.kv_scales is not None else None
     fp8_scales = {}  # TensorRT-LLM reads FP8 KV scales from the target itself, the modelopt way
     if trt and plan.head_kind == "eagle3" and scales is not None and cfg.resolved_kv_cache_dtype == "fp8":
         fp8_scales = trtllm_bundle.kv_scale_tensors(scales, plan.target_info["num_layers"])
         _write_json(root / "target" / "hf_quant_config.json", trtllm_bundle.HF_QUANT_CONFIG)
-    _save(target_tensors, root / "target" / "model.safetensors", cfg.dtype, keep=fp8_scales)
-    del target_tensors
+    copy_weights(plan.target_weights, root / "target", cfg.dtype, max_shard_bytes, keep=fp8_scales)
     _write_json(root / "target" / "config.json", _with_dtype(plan.target_config, cfg.dtype, trt))
     for src in plan.target_extra_files:
         shutil.copyfile(src, root / "target" / src.name)
@@ -226,6 +231,38 @@ def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path) -> Manifes
     )
     write_manifest(manifest, root)  # last: its presence marks the engine complete
     return manifest
+
+
+def copy_weights(shards: list[Path], out_dir: Path, dtype: str, max_shard_bytes: int, keep: dict | None = None) -> None:
+    """The checkpoint's weights into out_dir in the engine dtype, one tensor in memory at a time, sharded at
+    max_shard_bytes; `keep` tensors are added as they are (FP8 scales stay float32). Only floating tensors change
+    dtype: d2t offsets and t2d masks must stay exact integers and bools."""
+    import torch
+
+    from eagle_trt.safetensors_stream import Planned, read_entries, read_tensor, write_sharded
+
+    cast = getattr(torch, dtype)
+    source = {name: (shard, e) for shard in shards for name, e in read_entries(shard).items()}
+    keep = keep or {}
+    plan = [Planned(name, cast if e.dtype.is_floating_point else e.dtype, e.shape) for name, (_, e) in source.items()]
+    plan += [Planned(name, t.dtype, tuple(t.shape)) for name, t in keep.items()]
+    plan.sort(key=lambda p: p.name)
+    files: dict[Path, object] = {}
+
+    def produce(name: str):
+        if name in keep:
+            return keep[name]
+        shard, entry = source[name]
+        if shard not in files:
+            files[shard] = open(shard, "rb")
+        t = read_tensor(files[shard], entry)
+        return t.to(cast) if t.is_floating_point() else t
+
+    try:
+        write_sharded(out_dir, plan, produce, max_shard_bytes, metadata=_WEIGHT_METADATA)
+    finally:
+        for f in files.values():
+            f.close()
 
 
 def _load(path: Path) -> dict:

@@ -20,7 +20,7 @@ from eagle_trt.errors import CheckpointError, EngineIntegrityError
 REQUIRED_FILES = (
     "eagle_config.yaml",
     "target/config.json",
-    "target/model.safetensors",
+    ("target/model.safetensors", "target/model.safetensors.index.json"),  # one file, or shards and their index
     "draft/config.json",
     "draft/model.safetensors",
 )
@@ -65,8 +65,10 @@ def open_engine(path: str | Path, verify: bool = True) -> EngineDir:
         raise CheckpointError(f"engine path '{root}' is not a directory")
     manifest = read_manifest(root)
     for rel in REQUIRED_FILES:
-        if rel not in manifest.files:
-            raise EngineIntegrityError(f"'{root / MANIFEST_NAME}' does not list required file '{rel}'", hint=_HINT)
+        choices = (rel,) if isinstance(rel, str) else rel
+        if not any(r in manifest.files for r in choices):
+            raise EngineIntegrityError(f"'{root / MANIFEST_NAME}' does not list required file "
+                                       f"'{' or '.join(choices)}'", hint=_HINT)
     if manifest.backend == "trtllm" and not any(all(r in manifest.files for r in group) for group in TRTLLM_REQUIRED):
         raise EngineIntegrityError(
             f"'{root / MANIFEST_NAME}' lists no TensorRT-LLM bundle ({' + '.join(TRTLLM_REQUIRED[0])})", hint=_HINT

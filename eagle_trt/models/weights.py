@@ -20,10 +20,18 @@ def read_json(path: Path) -> dict:
 
 
 def load_safetensors(path: Path, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """All tensors of one file; floating tensors cast to `dtype` when given."""
+    """All tensors of one file, or of every shard its dir's model.safetensors.index.json names when `path` is a
+    missing model.safetensors beside such an index; floating tensors cast to `dtype` when given."""
     from safetensors.torch import load_file
 
+    from eagle_trt.shards import INDEX_NAME, index_shards
+
     path = Path(path)
+    if not path.is_file() and (path.parent / INDEX_NAME).is_file():
+        out: dict[str, torch.Tensor] = {}
+        for shard in index_shards(path.parent / INDEX_NAME):
+            out.update(load_safetensors(shard, dtype))
+        return out
     if not path.is_file():
         raise CheckpointError(f"{path}: file not found")
     try:
