@@ -149,3 +149,21 @@ def test_required_kernels_that_cannot_build_are_an_error(tmp_path):
     out = _python("from eagle_trt.models import native; print(native.library())", CXX=str(tmp_path / "missing"),
                   PATH=str(tmp_path), EAGLE_TRT_CACHE=str(tmp_path))
     assert out.returncode == 0 and out.stdout.strip() == "None", out.stderr
+
+
+def test_the_amx_and_avx2_code_compiles_on_any_machine(tmp_path):
+    """The AMX kernels (and the AVX2 ones) are compiled by a CPU that runs them only where it has them: keep both
+    compiling everywhere a compiler exists, whatever this CPU (an object file, not run)."""
+    cxx = build.compiler()
+    if cxx is None:
+        pytest.skip(f"no C++ compiler: {native.unavailable()}")
+    for march in ("-march=sapphirerapids", "-march=x86-64-v3"):
+        probe = subprocess.run([cxx, march, "-x", "c++", "-c", "-o", os.devnull, "-"], input="int x;",
+                               capture_output=True, text=True)
+        if probe.returncode != 0:
+            pytest.skip(f"{cxx} does not know {march}")
+        flags = [f for f in build.FLAGS if f not in ("-shared", "-Wl,-Bsymbolic")]
+        for src in build.SOURCES:
+            out = subprocess.run([cxx, *flags, march, "-c", str(src), "-o", str(tmp_path / (src.stem + ".o"))],
+                                 capture_output=True, text=True)
+            assert out.returncode == 0, (march, src.name, out.stderr[-2000:])

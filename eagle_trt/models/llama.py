@@ -101,7 +101,8 @@ class LlamaTarget:
                 o=project(take(w, p + "self_attn.o_proj.weight", (s.hidden_size, q_out), source).t().contiguous()),
                 post_norm=take(w, p + "post_attention_layernorm.weight", (s.hidden_size,), source),
                 gate_up=project(torch.cat([gate, up]).t().contiguous()),
-                down=project(take(w, p + "mlp.down_proj.weight", (s.hidden_size, s.intermediate_size), source).t().contiguous()),
+                down=project(take(w, p + "mlp.down_proj.weight", (s.hidden_size, s.intermediate_size),
+                                  source).t().contiguous()),
             ))
         norm = take(w, "model.norm.weight", (s.hidden_size,), source)
         if "lm_head.weight" in w:

@@ -337,7 +337,8 @@ int eagle_trt_gemm_pack(const void* w, void* packed, int64_t K, int64_t N, int b
 int eagle_trt_gemm(const void* x, const void* packed, void* out, int64_t M, int64_t K, int64_t N, int bf16,
                    int threads) {
     if (M <= 0 || K <= 0 || N <= 0) return -2;
-    return bf16 ? project<uint16_t>(x, packed, out, M, K, N, threads) : project<float>(x, packed, out, M, K, N, threads);
+    return bf16 ? project<uint16_t>(x, packed, out, M, K, N, threads)
+                : project<float>(x, packed, out, M, K, N, threads);
 }
 
 }  // extern "C"

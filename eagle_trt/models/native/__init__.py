@@ -41,12 +41,13 @@ def library():
     logged once and kept in `unavailable()`. With EAGLE_TRT_REQUIRE_NATIVE=1 a failure raises NativeUnavailable."""
     if "lib" in _state:
         if _state["lib"] is None and _state["why"] and required() and enabled():
-            raise NativeUnavailable(f"EAGLE_TRT_REQUIRE_NATIVE=1 but the native kernels are unavailable: {_state['why']}")
+            raise NativeUnavailable("EAGLE_TRT_REQUIRE_NATIVE=1 but the native kernels are unavailable: "
+                                    f"{_state['why']}")
         return _state["lib"]
     _state["lib"], _state["why"] = None, "disabled (EAGLE_TRT_NATIVE=0)" if not enabled() else None
     if enabled():
         # torch is loaded first: the kernels' OpenMP then resolves to the runtime torch uses (one thread pool).
-        import torch  # noqa: F401
+        import torch  # noqa: F401  (imported for that effect)
 
         from eagle_trt.models.native import bindings, build
 
