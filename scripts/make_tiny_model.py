@@ -52,17 +52,31 @@ def make_tokenizer():
     return fast
 
 
+# The families eagle-trt runs, as transformers builds them: Qwen2 always has q/k/v biases and here ties its
+# embeddings (as Qwen2.5-0.5B/1.5B do); Mistral is Llama's layout with an optional sliding window (none here).
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True, rope_theta=1000000.0)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
+}
+
+
 def make_tiny_model(output: str | Path, seed: int = 0, init_std: float = 0.08, with_tokenizer: bool = True,
-                    **overrides) -> Path:
-    """Create the model dir and return its path. `overrides` change TINY_CONFIG fields."""
+                    family: str = "llama", **overrides) -> Path:
+    """Create the model dir and return its path. `family`: llama, qwen2 or mistral; `overrides` change TINY_CONFIG
+    fields."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
 
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
-    cfg = LlamaConfig(**{**TINY_CONFIG, **overrides}, initializer_range=init_std)
+    config_cls, model_cls, extra = FAMILIES[family]
+    fields = {**TINY_CONFIG, **extra, **overrides}
+    if family == "qwen2":
+        fields.pop("head_dim", None)  # Qwen2 derives it (hidden / heads)
+    cfg = getattr(transformers, config_cls)(**fields, initializer_range=init_std)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).float().eval()
+    model = getattr(transformers, model_cls)(cfg).float().eval()
     model.save_pretrained(output, safe_serialization=True)
     if with_tokenizer:  # the byte tokenizer needs vocab_size 260
         tok = make_tokenizer()
@@ -76,8 +90,9 @@ def main() -> None:
     ap.add_argument("--output", required=True, help="directory to write")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--init-std", type=float, default=0.08, help="weight init std (larger = peakier logits)")
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="llama")
     args = ap.parse_args()
-    path = make_tiny_model(args.output, seed=args.seed, init_std=args.init_std)
+    path = make_tiny_model(args.output, seed=args.seed, init_std=args.init_std, family=args.family)
     print(path)
 
 

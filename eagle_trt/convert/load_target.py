@@ -16,13 +16,10 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from eagle_trt.architectures import check_window, family_of_type
 from eagle_trt.errors import CheckpointError, InputError, MissingDependencyError
 from eagle_trt.shards import index_shards
 
-# model_type (HF config) / general.architecture (GGUF) -> family name shown to the user.
-# The draft layer is always a Llama decoder layer; these families share its RMSNorm + RoPE + GQA
-# layout, so the draft can be sized from their config directly.
-SUPPORTED_ARCHITECTURES = {"llama": "Llama (incl. SmolLM2)", "qwen2": "Qwen2"}
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # At least one of these must exist: tokenizer_config.json alone carries no vocabulary.
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -44,11 +41,7 @@ class SourceInfo:
 
 
 def _check_supported(arch: str, path: Path) -> None:
-    if arch not in SUPPORTED_ARCHITECTURES:
-        names = ", ".join(SUPPORTED_ARCHITECTURES.values())
-        raise CheckpointError(
-            f"unsupported architecture {arch!r} in {path}; eagle-trt converts {names} models"
-        )
+    family_of_type(arch, path)
 
 
 def _check_safetensors(path: Path) -> None:
@@ -72,10 +65,12 @@ def _check_hf_dir(path: Path) -> str:
             f"no config.json in {path}; pass a Hugging Face model directory or a .gguf file"
         )
     try:
-        model_type = json.loads(config_file.read_text()).get("model_type", "<missing>")
+        config = json.loads(config_file.read_text())
+        model_type = config.get("model_type", "<missing>")
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
         raise CheckpointError(f"unreadable {config_file} ({e}); re-download the model") from e
     _check_supported(model_type, path)
+    check_window(config, config_file)
 
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
@@ -128,20 +123,14 @@ def _wrap_load_error(what: str, path: Path, e: Exception) -> CheckpointError:
     return CheckpointError(f"could not load the {what} from {path}: {first_line}")
 
 
-def load_target(model_path: str | Path):
-    """Load MODEL (HF dir or .gguf) as an fp32 causal LM. Returns (model, tokenizer, SourceInfo)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    # convert draws its own status lines; transformers' per-tensor bars would interleave with them.
-    hf_logging.disable_progress_bar()
+def _source(model_path: str | Path) -> tuple[Path, str, str, dict]:
+    """Check MODEL cheaply (files, headers, architecture): (resolved path, "hf" | "gguf", the dir transformers loads
+    from, its extra loading arguments)."""
     path = Path(model_path).expanduser().resolve()
     if not path.exists():
         raise InputError(
             f"model path not found: {path}; pass a Hugging Face model directory or a .gguf file"
         )
-    common = dict(local_files_only=True, trust_remote_code=False)
     if path.is_dir():
         fmt, _ = "hf", _check_hf_dir(path)
         source, extra = str(path), {"use_safetensors": True}
@@ -159,19 +148,44 @@ def load_target(model_path: str | Path):
             f"not a model directory or .gguf file: {path}; pass the directory that holds "
             "config.json and *.safetensors, or a .gguf file"
         )
+    return path, fmt, source, extra
 
+
+def load_tokenizer(model_path: str | Path):
+    """The tokenizer of MODEL (HF dir or .gguf) alone, after the same cheap checks as `load_target`."""
+    path, fmt, source, extra = _source(model_path)
+    return _tokenizer(path, fmt, source, extra)
+
+
+def _tokenizer(path: Path, fmt: str, source: str, extra: dict):
+    from transformers import AutoTokenizer
+
+    try:
+        tok_extra = {"gguf_file": extra["gguf_file"]} if fmt == "gguf" else {}
+        return AutoTokenizer.from_pretrained(source, local_files_only=True, trust_remote_code=False, **tok_extra)
+    except Exception as e:
+        raise _wrap_load_error("tokenizer", path, e) from e
+
+
+def load_target(model_path: str | Path):
+    """Load MODEL (HF dir or .gguf) as an fp32 causal LM. Returns (model, tokenizer, SourceInfo)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    # convert draws its own status lines; transformers' per-tensor bars would interleave with them.
+    hf_logging.disable_progress_bar()
+    path, fmt, source, extra = _source(model_path)
+    common = dict(local_files_only=True, trust_remote_code=False)
     try:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **common, **extra)
     except Exception as e:
         raise _wrap_load_error("model", path, e) from e
-    try:
-        tok_extra = {"gguf_file": extra["gguf_file"]} if fmt == "gguf" else {}
-        tokenizer = AutoTokenizer.from_pretrained(source, **common, **tok_extra)
-    except Exception as e:
-        raise _wrap_load_error("tokenizer", path, e) from e
+    tokenizer = _tokenizer(path, fmt, source, extra)
 
     config = model.config
     _check_supported(config.model_type, path)
+    check_window(config.to_dict(), path)
     # GGUF loading dequantizes; make sure the saved config says fp32 and carries no quantizer
     # state (modelopt's TTT mask code also calls torch.finfo on config.dtype).
     config.dtype = torch.float32

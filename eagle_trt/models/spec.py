@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from eagle_trt.architectures import family_of_config
 from eagle_trt.errors import CheckpointError
 
-SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
 
 
 def _rope(cfg: dict) -> tuple[float, dict | None]:
@@ -74,12 +74,8 @@ class TargetSpec(LayerShape):
 
     @classmethod
     def from_hf_config(cls, cfg: dict, source: str = "config.json") -> "TargetSpec":
-        arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise CheckpointError(
-                f"{source}: architecture '{arch}' is not supported by the torch engine "
-                f"(supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))})"
-            )
+        family = family_of_config(cfg, source)
+        arch = family.hf_class
         try:
             return cls(
                 architecture=arch,
@@ -89,7 +85,7 @@ class TargetSpec(LayerShape):
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 # Qwen2 always has q/k/v biases; Llama only when attention_bias is set.
-                attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+                attention_bias=bool(cfg.get("attention_bias", family.attention_bias)),
                 eos_token_ids=_eos_ids(cfg),
             )
         except KeyError as e:
