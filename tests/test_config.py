@@ -67,7 +67,7 @@ def test_empty_file_is_all_defaults(tmp_path):
 def test_unknown_key(tmp_path):
     assert error_of(tmp_path, "draft_lenght: 4\n") == (
         "cfg.yaml: draft_lenght: unknown field; valid fields: name, checkpoint_dir, backend, trtllm_version, dtype, "
-        "kv_cache_dtype, eagle_architecture, draft_length, confidence_threshold, max_beam_width, "
+        "kv_cache_dtype, draft, eagle_architecture, draft_length, confidence_threshold, max_beam_width, "
         "total_tokens, tree, static_tree, lookup_tokens, lookup_branches, datastore_branches, max_verify_rows, "
         "max_batch_size, "
         "max_input_len, max_output_len"
@@ -173,5 +173,7 @@ def test_describe_fields_covers_nested_and_documents_everything():
     assert rows["eagle_architecture"][:2] == ("mapping | null", "null")
     assert rows["eagle_architecture.hidden_size"][:2] == ("int > 0", "required")
     assert rows["static_tree"][0] == "list[list[int]] | null"
-    assert len(rows) == len(EagleConfig.model_fields) + 5
+    assert rows["draft"][:2] == ("mapping | null", "null")
+    assert rows["draft.kind"][:2] == ("'eagle3' | 'model'", "required")
+    assert len(rows) == len(EagleConfig.model_fields) + 5 + 1  # eagle_architecture's five, draft's kind
     assert all(desc for _, _, desc in rows.values())

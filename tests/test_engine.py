@@ -103,7 +103,7 @@ def test_build_layout_and_manifest(cfg, ckpt, tmp_path):
     assert set(m) == {"format_version", "name", "backend", "created_by", "dtype", "kv_cache_dtype",
                       "tree_limits", "io_limits", "target", "draft", "files"}  # fmt: skip
     assert m["target"] == {"architecture": "LlamaForCausalLM", "hidden_size": 64, "num_layers": 8, "vocab_size": 260}
-    assert m["draft"] == {"hidden_size": 64, "draft_vocab_size": 32, "aux_layer_ids": AUX}
+    assert m["draft"] == {"kind": "eagle3", "hidden_size": 64, "draft_vocab_size": 32, "aux_layer_ids": AUX}
     assert m["tree_limits"]["draft_length"] == 4 and m["io_limits"]["max_input_len"] == 512
     assert m["kv_cache_dtype"] == "float32" and set(m["created_by"]) >= {"torch", "python", "eagle_trt"}
     assert set(m["files"]) == set(files) - {"manifest.json"} == set(summary.files)

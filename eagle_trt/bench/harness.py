@@ -76,7 +76,7 @@ def check_outputs(runs: list[dict], references: dict | None = None) -> list[dict
 
 def aggregate(runs: list[dict], names: list[str], repeats: int) -> dict:
     tps = {m: stats.throughput_per_repeat(runs, m, repeats) for m in names}
-    baselines = [b for b in (*BASELINES, "tree-untuned") if b in names]
+    baselines = [b for b in (*BASELINES, "tree-untuned", "draft-model-untuned") if b in names]
     summary = {}
     for m in names:
         rows = [x for x in runs if x["method"] == m]
@@ -136,7 +136,7 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
     import torch
 
     from eagle_trt.bench import report, roofline
-    from eagle_trt.bench.methods import DEFAULT_METHODS, build_methods
+    from eagle_trt.bench.methods import build_methods, default_methods
     from eagle_trt.bench.prompts import load_prompts
     from eagle_trt.errors import InputError
     from eagle_trt.runtime.session import Session
@@ -155,7 +155,7 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
         raise InputError(f"--max-new-tokens {max_new_tokens} exceeds the engine's max_output_len "
                          f"{session.config.max_output_len}")
     if methods is None:
-        methods = list(DEFAULT_METHODS) + (["tree-untuned"] if session.tuned else [])
+        methods = default_methods(session)
     max_in = session.runner.max_input_len
     encoded, truncated = [], 0
     for p in prompt_set:

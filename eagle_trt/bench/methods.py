@@ -1,14 +1,22 @@
 """The decoding methods the bench compares, each behind one `run(prompt_ids, max_new_tokens)` call.
 
     hf             Hugging Face transformers `generate`, greedy, fp32, from the engine's target dir
-    hf-assisted    the same with prompt-lookup assisted generation (`prompt_lookup_num_tokens`)
-    ar             our plain autoregressive loop (the reference every EAGLE output must equal at T=0)
-    chain          EAGLE-3, one draft path of `draft_length` tokens
-    tree           EAGLE-3 dynamic tree with the engine's defaults (`eagle-trt tune` results if stored),
+    hf-assisted    HF's assisted generation with what the engine drafts with: its draft model as
+                   `assistant_model` (a draft-model engine; HF's own assistant settings), else prompt lookup
+                   (`prompt_lookup_num_tokens`)
+    ar             our plain autoregressive loop (the reference every speculative output must equal at T=0)
+
+An EAGLE-3 engine (the head drafts):
+
+    chain          one draft path of `draft_length` tokens
+    tree           dynamic tree with the engine's defaults (`eagle-trt tune` results if stored),
                    prompt lookup off: the head's drafts alone
     tree-lookup    the same tree plus prompt-lookup branches copied from the context (the engine's
                    lookup_tokens and lookup_branches; DEFAULT_LOOKUP where it turns lookup off)
-    tree-untuned   EAGLE-3 dynamic tree with the build config's settings, ignoring tuned.json, lookup off
+    tree-untuned   dynamic tree with the build config's settings, ignoring tuned.json, lookup off
+
+A draft-model engine (a small LM drafts), the same four: draft-model-chain, draft-model (the dynamic tree),
+draft-model-lookup, draft-model-untuned.
 """
 
 from __future__ import annotations
@@ -20,13 +28,19 @@ import torch
 
 from eagle_trt.errors import InputError
 
-ALL_METHODS = ("hf", "hf-assisted", "ar", "chain", "tree", "tree-lookup", "tree-untuned")
+# Our speculative methods: name -> (the drafter they need, their role: chain / tree / tree-lookup / tree-untuned).
+SPECULATIVE = {"chain": ("eagle3", "chain"), "tree": ("eagle3", "tree"), "tree-lookup": ("eagle3", "tree-lookup"),
+               "tree-untuned": ("eagle3", "tree-untuned"), "draft-model-chain": ("model", "chain"),
+               "draft-model": ("model", "tree"), "draft-model-lookup": ("model", "tree-lookup"),
+               "draft-model-untuned": ("model", "tree-untuned")}
+ALL_METHODS = ("hf", "hf-assisted", "ar", *SPECULATIVE)
+DRAFT_SHARE_METHODS = ("tree", "tree-lookup", "chain", "draft-model", "draft-model-lookup", "draft-model-chain")
 DEFAULT_METHODS = ("hf", "hf-assisted", "ar", "chain", "tree", "tree-lookup")
+DEFAULT_MODEL_METHODS = ("hf", "hf-assisted", "ar", "draft-model-chain", "draft-model", "draft-model-lookup")
 BASELINES = ("hf", "hf-assisted", "ar")
 # Which method's output each one must reproduce token for token at T=0, and whether a difference fails
 # the bench (our speculative decoding is lossless by construction) or is only reported (HF's numerics).
-REFERENCE = {"chain": ("ar", True), "tree": ("ar", True), "tree-lookup": ("ar", True), "tree-untuned": ("ar", True),
-             "hf-assisted": ("hf", False), "hf": ("ar", False)}
+REFERENCE = {**{name: ("ar", True) for name in SPECULATIVE}, "hf-assisted": ("hf", False), "hf": ("ar", False)}
 PROMPT_LOOKUP_TOKENS = 10
 DEFAULT_LOOKUP = (8, 2)  # (lookup_tokens, lookup_branches) of tree-lookup where the engine's settings turn it off
 # (with the build config's datastore_branches)
@@ -74,13 +88,18 @@ class OursMethod(Method):
 
 
 class HFMethod(Method):
-    def __init__(self, name: str, model, eos_token_ids: list[int], prompt_lookup: int | None = None):
+    def __init__(self, name: str, model, eos_token_ids: list[int], prompt_lookup: int | None = None,
+                 assistant=None):
+        """prompt_lookup: HF's prompt-lookup decoding with that many tokens; assistant: a draft model for HF's
+        assisted generation (`assistant_model`, with HF's default assistant settings)."""
         self.name, self.model, self.eos = name, model, list(eos_token_ids)
-        self.prompt_lookup = prompt_lookup
-        self.speculative = prompt_lookup is not None
+        self.prompt_lookup, self.assistant = prompt_lookup, assistant
+        self.speculative = prompt_lookup is not None or assistant is not None
         self.settings = {"dtype": "float32", "greedy": True}
         if prompt_lookup:
             self.settings["prompt_lookup_num_tokens"] = prompt_lookup
+        if assistant is not None:
+            self.settings["assistant_model"] = "the engine's draft model"
 
     def run(self, prompt_ids, max_new_tokens):
         ids = torch.tensor([prompt_ids])
@@ -89,11 +108,30 @@ class HFMethod(Method):
                   pad_token_id=self.eos[0] if self.eos else None)
         if self.prompt_lookup:
             kw["prompt_lookup_num_tokens"] = self.prompt_lookup
+        if self.assistant is not None:
+            kw["assistant_model"] = self.assistant
         t = time.perf_counter()
         with torch.inference_mode():
             out = self.model.generate(ids, **kw)
         secs = time.perf_counter() - t
         return MethodOutput(out[0, len(prompt_ids):].tolist(), secs)
+
+
+def default_methods(session) -> list[str]:
+    """The methods `bench` runs when none are named: the engine's drafter's, plus the untuned tree if tuned."""
+    model = session.draft_kind == "model"
+    names = list(DEFAULT_MODEL_METHODS if model else DEFAULT_METHODS)
+    return names + ([("draft-model" if model else "tree") + "-untuned"] if session.tuned else [])
+
+
+def check_drafter(names: list[str], draft_kind: str) -> None:
+    """Speculative methods need the engine's kind of drafter: an input error naming the ones that do not."""
+    wrong = [n for n in names if n in SPECULATIVE and SPECULATIVE[n][0] != draft_kind]
+    if wrong:
+        what = "a draft model" if draft_kind == "model" else "an EAGLE-3 head"
+        use = [n for n, (kind, _) in SPECULATIVE.items() if kind == draft_kind]
+        raise InputError(f"--methods: {', '.join(wrong)} need{'s' if len(wrong) == 1 else ''} another drafter; this "
+                         f"engine drafts with {what}: use {', '.join(use)}")
 
 
 def parse_methods(text: str) -> list[str]:
@@ -117,7 +155,8 @@ def load_hf_model(target_dir):
 
 
 def build_methods(session, names: list[str]) -> list[Method]:
-    """Instantiate the named methods on an open Session (the HF model is loaded once, if needed)."""
+    """Instantiate the named methods on an open Session (each HF model is loaded once, if needed)."""
+    check_drafter(names, session.draft_kind)
     runner = session.runner
     eos = runner.eos_token_ids  # the runtime's stop tokens: HF stops where our methods do
     hf = load_hf_model(session.engine.target_dir) if any(n.startswith("hf") for n in names) else None
@@ -125,22 +164,26 @@ def build_methods(session, names: list[str]) -> list[Method]:
     for n in names:
         if n == "hf":
             out.append(HFMethod(n, hf, eos))
+        elif n == "hf-assisted" and session.draft_kind == "model":
+            out.append(HFMethod(n, hf, eos, assistant=load_hf_model(session.engine.draft_dir)))
         elif n == "hf-assisted":
             out.append(HFMethod(n, hf, eos, prompt_lookup=PROMPT_LOOKUP_TOKENS))
         elif n == "ar":
             out.append(OursMethod(n, runner, session.decode_options(mode="ar")))
-        elif n == "chain":
-            out.append(OursMethod(n, runner, session.decode_options(mode="eagle", tree="chain", lookup_tokens=0)))
-        elif n == "tree":
-            out.append(OursMethod(n, runner, session.decode_options(mode="eagle", tree="dynamic", lookup_tokens=0)))
-        elif n == "tree-lookup":
-            own = session.decode_options()
-            lookup = ((own.lookup_tokens, own.lookup_branches, own.datastore_branches) if own.lookup_tokens
-                      else (*DEFAULT_LOOKUP, session.config.datastore_branches))
-            out.append(OursMethod(n, runner, session.decode_options(
-                mode="eagle", tree="dynamic", lookup_tokens=lookup[0], lookup_branches=lookup[1],
-                datastore_branches=lookup[2], max_verify_rows=own.max_verify_rows)))
-        elif n == "tree-untuned":
-            out.append(OursMethod(n, runner, session.decode_options(mode="eagle", tree="dynamic", tuned=False,
-                                                                    lookup_tokens=0)))
+        else:
+            out.append(OursMethod(n, runner, _speculative_options(session, SPECULATIVE[n][1])))
     return out
+
+
+def _speculative_options(session, role: str):
+    if role == "chain":
+        return session.decode_options(mode="eagle", tree="chain", lookup_tokens=0)
+    if role == "tree":
+        return session.decode_options(mode="eagle", tree="dynamic", lookup_tokens=0)
+    if role == "tree-untuned":
+        return session.decode_options(mode="eagle", tree="dynamic", tuned=False, lookup_tokens=0)
+    own = session.decode_options()  # tree-lookup
+    lookup = ((own.lookup_tokens, own.lookup_branches, own.datastore_branches) if own.lookup_tokens
+              else (*DEFAULT_LOOKUP, session.config.datastore_branches))
+    return session.decode_options(mode="eagle", tree="dynamic", lookup_tokens=lookup[0], lookup_branches=lookup[1],
+                                  datastore_branches=lookup[2], max_verify_rows=own.max_verify_rows)

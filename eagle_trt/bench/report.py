@@ -8,6 +8,8 @@ from pathlib import Path
 
 from rich.table import Table
 
+from eagle_trt.bench.methods import DRAFT_SHARE_METHODS
+
 
 def _f(x, fmt=".2f", none="–") -> str:
     return none if x is None else format(x, fmt)
@@ -132,7 +134,7 @@ def markdown(results: dict) -> str:
                              "of the roofline")
         if "forward_16_over_1" in roof:
             lines.append(f"- a forward over 16 tree tokens costs {roof['forward_16_over_1']:.2f}× a 1-token forward")
-        for name in ("tree", "tree-lookup", "chain"):
+        for name in DRAFT_SHARE_METHODS:
             if f"{name}_draft_share" in roof:
                 lines.append(f"- drafting is {roof[f'{name}_draft_share']:.1%} of a `{name}` step (draft + verify)")
         lines += ["", f"Verify-cost curve (target forward after {machine['context_tokens']} cached tokens):", "",
@@ -141,11 +143,12 @@ def markdown(results: dict) -> str:
             lines.append(f"| {t} | {ms:.2f} | {ms / t:.2f} |")
         lines.append("")
     if results.get("tuned"):
-        lines += ["## Tuned defaults", "", "`tree` uses the settings stored by `eagle-trt tune`: "
+        tree = "draft-model" if "draft-model" in results["summary"] else "tree"
+        lines += ["## Tuned defaults", "", f"`{tree}` uses the settings stored by `eagle-trt tune`: "
                   + ", ".join(f"{k}={v}" for k, v in results["tuned"].items()) + "."]
-        sp = results["speedups"].get("tree", {}).get("tree-untuned")
+        sp = results["speedups"].get(tree, {}).get(f"{tree}-untuned")
         if sp:
-            lines.append(f"Against the build config's settings (`tree-untuned`): {_speedup(sp)}.")
+            lines.append(f"Against the build config's settings (`{tree}-untuned`): {_speedup(sp)}.")
         lines.append("")
     lines += ["## Per prompt", "",
               "| prompt | method | tok/s median (min) | τ | accept by depth | draft ms | verify ms |",

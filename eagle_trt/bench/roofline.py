@@ -91,7 +91,9 @@ def derive(machine: dict, summary: dict) -> dict:
             out[f"{name}_fraction_of_roofline"] = summary[name]["tokens_per_second"]["median"] / roof
     if 1 in curve and 16 in curve and curve[1] > 0:
         out["forward_16_over_1"] = curve[16] / curve[1]
-    for name in ("tree", "tree-lookup", "chain"):
+    from eagle_trt.bench.methods import DRAFT_SHARE_METHODS
+
+    for name in DRAFT_SHARE_METHODS:
         share = summary.get(name, {}).get("draft_share")
         if share is not None:
             out[f"{name}_draft_share"] = share

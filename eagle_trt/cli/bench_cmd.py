@@ -36,9 +36,13 @@ def bench(
     repeats: Annotated[int, typer.Option(help="Passes over the prompt set; tokens/s and speedups are "
                                          "reported as min and median over them.")] = 3,
     methods: Annotated[Optional[str], typer.Option(
-        help="Comma-separated subset of hf, hf-assisted, ar, chain, tree, tree-untuned. Default: "
-             "hf,hf-assisted,ar,chain,tree (+ tree-untuned when the engine has tuned settings). "
-             "ar always runs with chain/tree: their outputs are checked against it.")] = None,
+        help="Comma-separated subset of hf, hf-assisted, ar and the engine's speculative methods: chain, tree, "
+             "tree-lookup, tree-untuned (an EAGLE-3 head drafts) or draft-model-chain, draft-model, "
+             "draft-model-lookup, draft-model-untuned (a draft model drafts). Default: hf,hf-assisted,ar and the "
+             "chain, tree and tree-lookup of the engine's drafter (+ its -untuned tree when the engine has tuned "
+             "settings). hf-assisted is HF's assisted generation with the engine's draft model, or HF prompt "
+             "lookup for a head. ar always runs with the speculative methods: their outputs are checked against "
+             "it.")] = None,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
     roofline: Annotated[bool, typer.Option("--roofline/--no-roofline",
                                            help="Measure memory bandwidth and the verify-cost curve.")] = True,

@@ -40,6 +40,9 @@ def convert(
                                            help="Measure tau on held-out prompts after training.")] = True,
     head: Annotated[Optional[Path], typer.Option(
         help="Ship an already trained head dir (config.json + model.safetensors) instead of a new one.")] = None,
+    draft_model: Annotated[Optional[Path], typer.Option(
+        "--draft-model", help="Draft with this small LM (HF dir or .gguf) instead of an EAGLE-3 head: it must share "
+                              "MODEL's tokenizer (checked; exit 2 naming the first difference). No training.")] = None,
     calibrate_kv: Annotated[bool, typer.Option(
         "--calibrate-kv/--no-calibrate-kv",
         help="Calibrate FP8 KV-cache scales (kv_scales.safetensors) and report how much greedy output FP8 KV "
@@ -51,7 +54,8 @@ def convert(
     max_shard_size: MaxShardOpt = DEFAULT_SHARD_SIZE,
     json_out: JsonOpt = False,
 ) -> None:
-    """Attach an EAGLE-3 draft head (NVIDIA modelopt) to MODEL, optionally train it, and export target + draft.
+    """Attach an EAGLE-3 draft head (NVIDIA modelopt) to MODEL, optionally train it, and export target + draft
+    (or, with --draft-model, export MODEL and a small LM that drafts for it).
 
     Examples:
 
@@ -60,13 +64,16 @@ def convert(
       eagle-trt convert model.gguf --output ckpt --data humaneval --regenerate --epochs 3 --draft-vocab-size 8192
 
       eagle-trt convert model.gguf --output ckpt --head heads/smollm2-135m-instruct
+
+      eagle-trt convert big.gguf --draft-model small.gguf --output ckpt   # a small LM of the same family drafts
     """
     handle_errors(_convert)(model, output, dict(
         steps=steps, epochs=epochs, data=data or None, draft_vocab_size=draft_vocab_size, seq_len=seq_len,
         batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, ttt_steps=ttt_steps, regenerate=regenerate,
         max_new_tokens=max_new_tokens, resume=resume, work_dir=work_dir, checkpoint_every=checkpoint_every,
         seed=seed, validate=validate, head=head, calibrate_kv=calibrate_kv, device=device, overwrite=force,
-        max_shard_size=max_shard_size),
+        max_shard_size=max_shard_size,
+        draft_model=draft_model),
         json_out)
 
 

@@ -30,8 +30,9 @@ def run(
                                         "as one user turn through the tokenizer's chat template.")],
     max_new_tokens: Annotated[Optional[int], typer.Option(help="Stop after this many new tokens (default: "
                                                           "min(128, engine max_output_len)).")] = None,
-    mode: Annotated[str, typer.Option(help="eagle: speculative decoding; ar: plain autoregressive decoding "
-                                      "(the reference the eagle output equals, token for token).")] = "eagle",
+    mode: Annotated[str, typer.Option(help="eagle: speculative decoding with the engine's drafter (an EAGLE-3 head "
+                                      "or a draft model); ar: plain autoregressive decoding (the reference the "
+                                      "eagle output equals, token for token).")] = "eagle",
     tree: Annotated[Optional[str], typer.Option(help="dynamic (EAGLE-2 reranked tree), static (fixed choices "
                                                 "list) or chain (one path). Default: the engine's.")] = None,
     draft_length: Annotated[Optional[int], typer.Option(help="Tree depth: draft tokens per path.")] = None,
@@ -150,6 +151,7 @@ def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, t
     metrics["lossy"], metrics["lossy_reasons"] = bool(reasons), reasons
     metrics["lossless"], metrics["lossless_note"] = lossless(session, opts, reasons)
     metrics["kernels"] = session.kernels
+    metrics["drafter"] = session.draft_kind if opts.mode == "eagle" else None
     if json_out:
         print_json({"text": text, "token_ids": result.token_ids, "prompt_token_ids": ids,
                     "options": {k: v for k, v in vars(opts).items() if k != "eos_token_ids"}, "metrics": metrics})
@@ -176,7 +178,8 @@ def lossless(session, opts, lossy_reasons: list[str]) -> tuple[bool, str]:
 
 
 def metrics_table(m: dict) -> Table:
-    title = f"{m['mode']} decoding" + (f", T={m['temperature']:g}" if m.get("temperature") else "")
+    mode = "draft-model" if m["mode"] == "eagle" and m.get("drafter") == "model" else m["mode"]
+    title = f"{mode} decoding" + (f", T={m['temperature']:g}" if m.get("temperature") else "")
     if m.get("lossy"):
         title += f" [LOSSY: {', '.join(m['lossy_reasons'])}]"
     table = Table(title=title, show_header=False, title_justify="left")

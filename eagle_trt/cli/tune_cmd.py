@@ -58,9 +58,10 @@ def tune(
 ) -> None:
     """Choose total_tokens, draft_length and beam_width for this machine and store them in the engine.
 
-    The ranking maximizes tau / (draft + head update + lookup + verify) with every term measured here:
+    The ranking maximizes tau / (draft + drafter update + lookup + verify) with every term measured here:
     the verify-cost curve (target forward time against tree tokens), the draft cost per beam width and
-    depth, and the acceptance on calibration prompts of the head's tree together with the prompt-lookup
+    depth, and the acceptance on calibration prompts of the drafter's tree (an EAGLE-3 head's or a draft
+    model's) together with the prompt-lookup
     copies (context and datastore) each lookup setting grafts, and the verify rows those add. The best
     few predicted settings, the best one without lookup and the build default are then decoded end to
     end on the same prompts (--validate), each with the plain-decoding fallback on and off, and the
@@ -184,12 +185,17 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
     console.print(line, soft_wrap=True)
     if validation and validation["ar_tokens_per_second"] > best["measured_tokens_per_second"]:
         console.print(f"[yellow]note:[/] plain AR decoding ({validation['ar_tokens_per_second']:.1f} tok/s) beat every "
-                      f"tree setting with this head (τ {best['measured_tau']:.2f}); train the head, or run with --mode ar")
+                      f"tree setting with this drafter (τ {best['measured_tau']:.2f}); {_better_drafter(session)}, "
+                      "or run with --mode ar")
     elif not validation and result["ar_predicted_tokens_per_second"] > best["predicted_tokens_per_second"]:
         console.print(f"[yellow]note:[/] plain AR decoding ({result['ar_predicted_tokens_per_second']:.1f} tok/s "
-                      f"predicted) beats every tree setting with this head (τ {best['tau']:.2f}); train the head, "
-                      "or run with --mode ar")
+                      f"predicted) beats every tree setting with this drafter (τ {best['tau']:.2f}); "
+                      f"{_better_drafter(session)}, or run with --mode ar")
     console.print(f"stored in {stored}" if stored else "dry run: nothing stored")
+
+
+def _better_drafter(session) -> str:
+    return "try a larger or closer draft model" if session.draft_kind == "model" else "train the head"
 
 
 def _int_list(name: str, text: str) -> list[int]:

@@ -14,9 +14,10 @@ from eagle_trt.config.loader import (
     override_config,
     parse_config,
 )
-from eagle_trt.config.schema import EagleArchitecture, EagleConfig
+from eagle_trt.config.schema import DraftConfig, EagleArchitecture, EagleConfig
 
 __all__ = [
+    "DraftConfig",
     "EagleArchitecture",
     "EagleConfig",
     "describe_fields",

@@ -45,6 +45,18 @@ class EagleArchitecture(BaseModel):
     max_position_embeddings: int = Field(gt=0, description="Longest position the draft head supports.")
 
 
+class DraftConfig(BaseModel):
+    """What drafts for the target; the builder checks it against the checkpoint's draft/."""
+
+    model_config = _STRICT
+
+    kind: Literal["eagle3", "model"] = Field(
+        description="eagle3: an EAGLE-3 head reading the target's layer features (`convert` attaches one); model: a "
+        "small language model sharing the target's tokenizer, with its own KV cache (`convert --draft-model`). "
+        "Both draft the same trees (draft_length, max_beam_width, total_tokens, confidence_threshold, tree).",
+    )
+
+
 class EagleConfig(BaseModel):
     """Everything `eagle-trt build` and `eagle-trt run` need besides the checkpoint itself."""
 
@@ -81,8 +93,11 @@ class EagleConfig(BaseModel):
         "full-precision cache: it changes some greedy tokens (convert reports the agreement), and over an FP8 "
         "cache speculative output can differ from plain decoding where K/V rounding lands on an FP8 boundary.",
     )
+    draft: DraftConfig | None = Field(
+        None, description="What drafts: {kind: eagle3} or {kind: model}; omit (null) to take it from the checkpoint."
+    )
     eagle_architecture: EagleArchitecture | None = Field(
-        None, description="Draft head shape; omit (null) to derive it from the checkpoint."
+        None, description="Draft head shape (EAGLE-3 heads only); omit (null) to derive it from the checkpoint."
     )
     draft_length: int = Field(6, ge=1, le=32, description="Draft tree depth (draft steps per iteration).")
     confidence_threshold: float = Field(
@@ -154,6 +169,9 @@ class EagleConfig(BaseModel):
             raise _cross(
                 f"max_beam_width ({self.max_beam_width}) must be <= total_tokens ({self.total_tokens})"
             )
+        if self.draft is not None and self.draft.kind == "model" and self.eagle_architecture is not None:
+            raise _cross("eagle_architecture describes an EAGLE-3 head, but draft.kind is 'model'; remove "
+                         "eagle_architecture (or set it to null)")
         if self.static_tree is not None and self.tree != "static":
             raise _cross(f"static_tree is set but tree is {self.tree!r}; set tree: static or remove static_tree")
         if self.tree == "static":

@@ -218,13 +218,20 @@ def convert_model(
     calibrate_kv: bool = True,
     device: str | None = "auto",
     max_shard_size: str | int = "5GB",
+    draft_model: str | Path | None = None,
 ) -> ConvertResult:
     """Convert MODEL (HF dir or .gguf) into OUT with an EAGLE-3 draft head; see the module doc.
 
     steps=0 and epochs=None: an untrained (seeded) head, nothing else. Otherwise the head is trained
     on `data` (see `data.py` for the accepted inputs) for `steps` optimizer steps or `epochs` passes.
     `device` ('auto', 'cpu', 'cuda', 'cuda:N') is where regeneration, feature caching and training run;
-    everything written is on the CPU (see `device.py`)."""
+    everything written is on the CPU (see `device.py`). `draft_model`: draft with that small LM instead of a head
+    (`draft_model.py`)."""
+    if draft_model is not None:
+        from .draft_model import convert_with_draft_model
+
+        return convert_with_draft_model(model_path, draft_model, output_dir, overwrite, progress, dict(
+            steps=steps, epochs=epochs, data=data, head=head, draft_vocab_size=draft_vocab_size), max_shard_size)
     if steps < 0:
         raise InputError(f"--steps must be >= 0; got {steps}")
     try:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle_trt.config import EagleArchitecture, EagleConfig
+from eagle_trt.config.schema import DraftConfig
+from eagle_trt.engine.draft_model_checks import check_model_draft, is_model_draft
 from eagle_trt.engine.head_checks import (
     check_draft_vocab,
     check_eagle1_shapes,
@@ -51,12 +53,13 @@ class CheckpointPlan:
     tokenizer_files: list[Path]
     draft_weights: Path
     engine_draft_config: dict
-    architecture: EagleArchitecture
+    architecture: EagleArchitecture | None  # None for a draft model
     target_info: dict
     draft_info: dict
-    head_kind: str = "eagle3"  # or "eagle1" (EAGLE-1/2 layout; backend trtllm only)
+    head_kind: str = "eagle3"  # or "eagle1" (EAGLE-1/2 layout; backend trtllm only), or "model" (a small LM)
     kv_scales: Path | None = None  # CKPT/kv_scales.safetensors, checked, when present
     datastore: Path | None = None  # CKPT/draft/datastore.safetensors, checked, when present
+    draft_config: DraftConfig | None = None  # the config's `draft`, resolved from the checkpoint
 
 
 def inspect_checkpoint(cfg: EagleConfig, ckpt: Path) -> CheckpointPlan:
@@ -84,6 +87,23 @@ def inspect_checkpoint(cfg: EagleConfig, ckpt: Path) -> CheckpointPlan:
     dweights = ddir / "model.safetensors"
     if not dweights.is_file():
         raise CheckpointError(f"draft weights '{dweights}' not found")
+    raw = _shapes(dweights)
+    kind = "model" if is_model_draft(raw) else "eagle3"
+    if cfg.draft is not None and cfg.draft.kind != kind:
+        what = "a small language model" if kind == "model" else "an EAGLE head"
+        raise ConfigError(f"draft.kind is '{cfg.draft.kind}' but the draft in '{ddir}' is {what}; set draft.kind: "
+                          f"{kind} or remove draft to take it from the checkpoint")
+    if kind == "model":
+        _check_positions(cfg, P, tcfg_path)
+        return CheckpointPlan(
+            target_config=tcfg, target_weights=target_weights, tokenizer_files=tokenizer_files,
+            target_extra_files=[p for p in [tdir / "generation_config.json"] if p.is_file()],
+            draft_weights=dweights, engine_draft_config=dcfg, architecture=None,
+            target_info=_target_info(tcfg, H, L, V),
+            draft_info=check_model_draft(cfg, dcfg, dcfg_path, raw, dweights, tdir),
+            head_kind="model", kv_scales=check_kv_scales(ckpt / KV_SCALES_NAME, L),
+            draft_config=DraftConfig(kind="model"),
+        )  # fmt: skip
     arch = _draft_architecture(dcfg, dcfg_path, P)
     heads_kv = _int(dcfg, "num_key_value_heads", dcfg_path, arch.num_attention_heads)
     head_dim = _int(dcfg, "head_dim", dcfg_path, arch.hidden_size // arch.num_attention_heads)
@@ -107,14 +127,8 @@ def inspect_checkpoint(cfg: EagleConfig, ckpt: Path) -> CheckpointPlan:
                     f"eagle_architecture.{name} ({want}) does not match {name} ({have}) in '{src}'"
                 )
 
-    if cfg.max_input_len + cfg.max_output_len > P:
-        raise ConfigError(
-            f"max_input_len ({cfg.max_input_len}) + max_output_len ({cfg.max_output_len}) = "
-            f"{cfg.max_input_len + cfg.max_output_len} exceeds max_position_embeddings ({P}) "
-            f"of the target in '{tcfg_path}'"
-        )
+    _check_positions(cfg, P, tcfg_path)
 
-    raw = _shapes(dweights)
     # Official EAGLE-3 checkpoints call the decoder layer "midlayer"; check both layouts as one.
     key_map = {k: "layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k for k in raw}
     if len(set(key_map.values())) != len(key_map):
@@ -164,17 +178,27 @@ def inspect_checkpoint(cfg: EagleConfig, ckpt: Path) -> CheckpointPlan:
         draft_weights=dweights,
         engine_draft_config=engine_draft,
         architecture=arch,
-        target_info={
-            "architecture": (tcfg.get("architectures") or [tcfg.get("model_type") or "unknown"])[0],
-            "hidden_size": H,
-            "num_layers": L,
-            "vocab_size": V,
-        },
-        draft_info={"hidden_size": H, "draft_vocab_size": vocab, "aux_layer_ids": aux},
+        target_info=_target_info(tcfg, H, L, V),
+        draft_info={"kind": kind, "hidden_size": H, "draft_vocab_size": vocab, "aux_layer_ids": aux},
+        draft_config=DraftConfig(kind="eagle3") if kind == "eagle3" else cfg.draft,
         head_kind=kind,
         kv_scales=kv_scales,
         datastore=datastore,
     )
+
+
+def _check_positions(cfg: EagleConfig, positions: int, tcfg_path: Path) -> None:
+    if cfg.max_input_len + cfg.max_output_len > positions:
+        raise ConfigError(
+            f"max_input_len ({cfg.max_input_len}) + max_output_len ({cfg.max_output_len}) = "
+            f"{cfg.max_input_len + cfg.max_output_len} exceeds max_position_embeddings ({positions}) "
+            f"of the target in '{tcfg_path}'"
+        )
+
+
+def _target_info(tcfg: dict, hidden: int, layers: int, vocab: int) -> dict:
+    return {"architecture": (tcfg.get("architectures") or [tcfg.get("model_type") or "unknown"])[0],
+            "hidden_size": hidden, "num_layers": layers, "vocab_size": vocab}
 
 
 def _draft_architecture(dcfg: dict, path: Path, target_positions: int) -> EagleArchitecture:

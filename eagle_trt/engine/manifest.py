@@ -72,9 +72,11 @@ class TargetInfo(BaseModel):
 
 class DraftInfo(BaseModel):
     model_config = _STRICT
-    hidden_size: int = Field(gt=0, description="Draft hidden size (= target hidden size).")
+    kind: Literal["eagle3", "eagle1", "model"] = Field(
+        "eagle3", description="An EAGLE head (eagle3, or eagle1 for EAGLE-1/2) or a small language model (model).")
+    hidden_size: int = Field(gt=0, description="Draft hidden size (= target hidden size for a head).")
     draft_vocab_size: int = Field(gt=0, description="Rows of the draft lm_head.")
-    aux_layer_ids: list[int] = Field(description="Target layers whose outputs feed the draft fc.")
+    aux_layer_ids: list[int] = Field(description="Target layers whose outputs feed the draft fc (none for a model).")
 
 
 class Manifest(BaseModel):

@@ -47,19 +47,33 @@ class Session:
             return cls(engine, TrtllmRunner.open(engine), load_tokenizer(engine.tokenizer_dir))
         dtype = DTYPES[cfg.dtype]
         target = LlamaTarget.load(engine.target_dir, dtype)
-        head = Eagle3DraftHead.load(engine.draft_dir, target, dtype)
         kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, dtype)
         scales = _kv_scales(Path(engine.root) / "kv_scales.safetensors")
-        # Head tree + root + prompt-lookup branches, with room for run-time options above the config's.
+        # Drafted tree + root + prompt-lookup branches, with room for run-time options above the config's.
         tree_room = (max(cfg.total_tokens, cfg.max_beam_width * cfg.draft_length, 64) + 1
                      + max(cfg.lookup_tokens * (cfg.lookup_branches + cfg.datastore_branches), 64))
-        runner = Runner(target, head, capacity=cfg.max_input_len + cfg.max_output_len + tree_room,
+        capacity = cfg.max_input_len + cfg.max_output_len + tree_room
+        head, drafter = None, None
+        if engine.manifest.draft.kind == "model":  # a small LM drafts, with its own KV cache (model_drafter.py)
+            from eagle_trt.runtime.model_drafter import DraftModel, ModelDrafter
+
+            drafter = ModelDrafter(DraftModel.load(engine.draft_dir, dtype), capacity, target.spec.vocab_size,
+                                   kv_dtype)
+        else:
+            head = Eagle3DraftHead.load(engine.draft_dir, target, dtype)
+        runner = Runner(target, head, capacity=capacity,
                         kv_dtype=kv_dtype, k_scales=scales.get("target.k_scales"),
                         v_scales=scales.get("target.v_scales"), max_input_len=cfg.max_input_len,
                         draft_k_scales=scales.get("draft.k_scales"), draft_v_scales=scales.get("draft.v_scales"),
                         datastore=_datastore(Path(engine.draft_dir), target.spec.vocab_size),
-                        eos_token_ids=eos_from_files(engine.target_dir, engine.tokenizer_dir), tree_room=tree_room)
+                        eos_token_ids=eos_from_files(engine.target_dir, engine.tokenizer_dir), tree_room=tree_room,
+                        drafter=drafter)
         return cls(engine, runner, load_tokenizer(engine.tokenizer_dir))
+
+    @property
+    def draft_kind(self) -> str:
+        """What drafts: "eagle3" (a head) or "model" (a small LM); the manifest's word for it."""
+        return self.engine.manifest.draft.kind
 
     @property
     def config(self):
