@@ -122,3 +122,25 @@ def test_build_ships_the_heads_datastore_and_the_session_loads_it(tiny_checkpoin
     write_datastore(ckpt / "draft" / DATASTORE_NAME, [[10**6]])
     with pytest.raises(CheckpointError, match=DATASTORE_NAME):
         inspect_checkpoint(EagleConfig(checkpoint_dir=str(ckpt), max_input_len=64, max_output_len=128), ckpt)
+
+
+def test_an_engine_stores_the_index_and_opening_it_sorts_nothing(tmp_path, monkeypatch):
+    from eagle_trt.engine.datastore_file import read_datastore, write_datastore, write_indexed
+    from eagle_trt.speculative.datastore import Datastore
+
+    g = torch.Generator().manual_seed(3)
+    docs = [torch.randint(0, 50, (400,), generator=g).tolist() for _ in range(5)]
+    write_datastore(tmp_path / "plain.safetensors", docs)
+    write_indexed(tmp_path / "plain.safetensors", tmp_path / "engine.safetensors", 50)
+    built = read_datastore(tmp_path / "plain.safetensors", 50)
+    direct = Datastore(torch.tensor(sum(([-1] + d for d in docs), [])[1:]))
+
+    def no_sort(*a, **k):
+        raise AssertionError("the stored index was sorted again")
+
+    monkeypatch.setattr(torch, "argsort", no_sort)
+    stored = read_datastore(tmp_path / "engine.safetensors", 50)
+    assert set(stored.index_tensors()) == set(built.index_tensors())
+    assert all(torch.equal(stored.index_tensors()[k], v) for k, v in built.index_tensors().items())
+    for tail in ([1, 2, 3, 4], docs[2][100:104], docs[4][7:11], [49, 48]):
+        assert stored.proposals(tail, 6, 3) == built.proposals(tail, 6, 3) == direct.proposals(tail, 6, 3)

@@ -26,6 +26,7 @@ from pathlib import Path
 from eagle_trt.config import EagleConfig, dump_config
 from eagle_trt.engine import trtllm_bundle
 from eagle_trt.engine.checkpoint import KV_SCALES_NAME, CheckpointPlan, inspect_checkpoint
+from eagle_trt.engine.datastore_file import write_indexed
 from eagle_trt.engine.engine_dir import open_engine
 from eagle_trt.engine.manifest import (
     FORMAT_VERSION,
@@ -97,7 +98,7 @@ def build_engine(
     warnings = check_backend(cfg)
     plan = inspect_checkpoint(cfg, ckpt)
     if cfg.backend == "trtllm":
-        trtllm_bundle.check_trtllm_head(cfg, plan.head_kind)
+        warnings = trtllm_bundle.check_trtllm_head(cfg, plan.head_kind) + warnings
     resolved = cfg.model_copy(
         update={
             "checkpoint_dir": str(ckpt),
@@ -210,7 +211,7 @@ def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path, max_shard_
     if plan.kv_scales is not None:
         shutil.copyfile(plan.kv_scales, root / KV_SCALES_NAME)
     if plan.datastore is not None and not trt:  # TensorRT-LLM drafts with the head alone
-        shutil.copyfile(plan.datastore, root / "draft" / plan.datastore.name)
+        write_indexed(plan.datastore, root / "draft" / plan.datastore.name, plan.target_info["vocab_size"])
     (root / "eagle_config.yaml").write_text(dump_config(cfg), encoding="utf-8")
     if trt:
         trtllm_bundle.write_bundle(cfg, plan.head_kind, plan.draft_info["aux_layer_ids"], plan.target_config,

@@ -23,6 +23,7 @@ import torch
 
 SEPARATOR = -1  # between documents: no n-gram or continuation crosses it
 _BASE = 1_000_003  # hash multiplier (odd, > any vocabulary size)
+NGRAMS = (4, 3, 2)  # suffix lengths searched, longest first
 
 
 def _hashes(tokens: torch.Tensor, n: int) -> torch.Tensor:
@@ -34,16 +35,23 @@ def _hashes(tokens: torch.Tensor, n: int) -> torch.Tensor:
 
 
 class Datastore:
-    """n-gram index over a token corpus; `proposals` returns the most frequent continuations of a suffix."""
+    """n-gram index over a token corpus; `proposals` returns the most frequent continuations of a suffix.
 
-    def __init__(self, tokens: torch.Tensor, ngrams: tuple[int, ...] = (4, 3, 2), max_hits: int = 128):
+    `index`: the {n: (sorted keys, their end positions)} that `index_tensors` gave for the same tokens and n-grams
+    (an engine stores it, so opening one sorts nothing); None builds it here."""
+
+    def __init__(self, tokens: torch.Tensor, ngrams: tuple[int, ...] = NGRAMS, max_hits: int = 128,
+                 index: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None):
         self.tokens = tokens.to(torch.int64).flatten()
-        self._list: list[int] = self.tokens.tolist()  # continuations are read as lists: a few per step
+        self._np = self.tokens.numpy()  # continuations are read a few rows a step: numpy slices, no per-token objects
         self.ngrams = tuple(sorted(set(ngrams), reverse=True))
         if not self.ngrams or min(self.ngrams) < 1:
             raise ValueError(f"ngrams must be positive lengths, got {ngrams}")
         self.max_hits = max_hits
-        self._index: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._index = dict(index) if index is not None else self._build_index()
+
+    def _build_index(self) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        out = {}
         sep = (self.tokens == SEPARATOR).to(torch.int64)
         csep = torch.cat([torch.zeros(1, dtype=torch.int64), sep.cumsum(0)])
         total = self.tokens.numel()
@@ -56,7 +64,23 @@ class Datastore:
             keys = _hashes(self.tokens, n)[: total - n][ok]
             ends = (starts + n - 1)[ok]
             order = torch.argsort(keys, stable=True)  # equal keys keep position order: oldest first
-            self._index[n] = (keys[order], ends[order])
+            out[n] = (keys[order], ends[order])
+        return out
+
+    def index_tensors(self) -> dict[str, torch.Tensor]:
+        """The index as named tensors (keys.N, ends.N per n-gram length), what `from_tensors` reads back."""
+        out = {}
+        for n, (keys, ends) in self._index.items():
+            out[f"keys.{n}"], out[f"ends.{n}"] = keys, ends
+        return out
+
+    @classmethod
+    def from_tensors(cls, tokens: torch.Tensor, tensors: dict[str, torch.Tensor], ngrams: tuple[int, ...]
+                     ) -> "Datastore":
+        """A datastore over `tokens` with the stored index `index_tensors` made for these n-grams."""
+        index = {n: (tensors[f"keys.{n}"].to(torch.int64), tensors[f"ends.{n}"].to(torch.int64))
+                 for n in ngrams if f"keys.{n}" in tensors}
+        return cls(tokens, ngrams, index=index)
 
     def __len__(self) -> int:
         return int((self.tokens != SEPARATOR).sum())
@@ -82,7 +106,7 @@ class Datastore:
             return []
         rows = []
         for end in reversed(self._hits(tail).tolist()):  # latest first, so ties go to the latest
-            row = self._list[end + 1: end + 1 + max_tokens]
+            row = self._np[end + 1: end + 1 + max_tokens].tolist()
             rows.append(row[: row.index(SEPARATOR)] if SEPARATOR in row else row)
         out: list[list[int]] = []
         for first, _ in Counter(r[0] for r in rows if r).most_common(branches):
