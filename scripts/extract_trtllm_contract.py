@@ -6,8 +6,9 @@
 
 Reads three files with Python's ast (nothing is imported or executed):
 
-  tensorrt_llm/llmapi/llm_args.py                    pydantic fields of Eagle3DecodingConfig, KvCacheConfig and
-                                                     TorchLlmArgs, inherited ones included; validation aliases;
+  tensorrt_llm/llmapi/llm_args.py                    pydantic fields of Eagle3DecodingConfig,
+                                                     DraftTargetDecodingConfig, KvCacheConfig and TorchLlmArgs,
+                                                     inherited ones included; validation aliases;
                                                      whether unknown fields are forbidden; the decoding_type tag
   tensorrt_llm/_torch/models/modeling_speculative.py the EAGLE-3 draft's module names (the weight-name prefixes
                                                      its loader reads) and whether it maps `layers.N.*` names
@@ -31,7 +32,7 @@ from pathlib import Path
 LLM_ARGS = "tensorrt_llm/llmapi/llm_args.py"
 SPECULATIVE = "tensorrt_llm/_torch/models/modeling_speculative.py"
 SERVE = "tensorrt_llm/commands/serve.py"
-CLASSES = ("Eagle3DecodingConfig", "KvCacheConfig", "TorchLlmArgs")
+CLASSES = ("Eagle3DecodingConfig", "DraftTargetDecodingConfig", "KvCacheConfig", "TorchLlmArgs")
 STRICT_BASES = {"StrictBaseModel"}
 
 

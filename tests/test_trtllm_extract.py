@@ -39,6 +39,10 @@ class EagleDecodingConfig(DecodingBaseConfig):
 class Eagle3DecodingConfig(EagleDecodingConfig):
     decoding_type: Literal["Eagle3"] = Field(default="Eagle3")
 
+class DraftTargetDecodingConfig(DecodingBaseConfig):
+    decoding_type: Literal["Draft_Target"] = Field(default="Draft_Target")
+    _one_model: bool = PrivateAttr(True)
+
 class KvCacheConfig(StrictBaseModel):
     dtype: str = "auto"
 
@@ -91,6 +95,9 @@ def test_extracts_fields_aliases_tags_and_strictness(tmp_path):
     assert e3["fields"] == ["max_draft_len", "speculative_model", "decoding_type", "use_dynamic_tree"]
     assert e3["aliases"] == {"speculative_model_dir": "speculative_model"}
     assert e3["tags"] == {"decoding_type": "Eagle3"} and e3["extra"] == "forbid"
+    dt = out["classes"]["DraftTargetDecodingConfig"]
+    assert dt["fields"] == ["max_draft_len", "speculative_model", "decoding_type"]
+    assert dt["tags"] == {"decoding_type": "Draft_Target"} and dt["extra"] == "forbid"
     assert out["classes"]["TorchLlmArgs"]["fields"] == ["max_batch_size", "speculative_config", "return_perf_metrics"]
     assert out["classes"]["KvCacheConfig"]["fields"] == ["dtype"]
     assert out["draft_checkpoint"] == {"draft_model_modules": ["fc", "midlayer"],

@@ -1,7 +1,7 @@
 """Test helpers for the trtllm backend: the recorded schemas and contracts, and a fake tensorrt_llm.
 
-The fake enforces the contract of one TensorRT-LLM line: its Eagle3DecodingConfig, KvCacheConfig and
-LLM refuse any field the line's fixture (tests/fixtures/trtllm_contract_<line>.json) does not list,
+The fake enforces the contract of one TensorRT-LLM line: its Eagle3DecodingConfig, DraftTargetDecodingConfig,
+KvCacheConfig and LLM refuse any field the line's fixture (tests/fixtures/trtllm_contract_<line>.json) does not list,
 as the real strict pydantic classes do.
 """
 
@@ -35,8 +35,13 @@ def contract_violations(doc: dict, line: str) -> list[str]:
     bad = [f"{k}" for k in doc if k not in line_fields(line, "TorchLlmArgs")]
     bad += [f"kv_cache_config.{k}" for k in doc.get("kv_cache_config", {}) if k not in line_fields(line, "KvCacheConfig")]
     spec = doc.get("speculative_config", {})
-    bad += [f"speculative_config.{k}" for k in spec if k not in line_fields(line, "Eagle3DecodingConfig")]
+    bad += [f"speculative_config.{k}" for k in spec if k not in line_fields(line, decoding_class(spec))]
     return bad
+
+
+def decoding_class(spec: dict) -> str:
+    """The LLM API class a speculative_config is read into, by its decoding_type."""
+    return "DraftTargetDecodingConfig" if spec.get("decoding_type") == "Draft_Target" else "Eagle3DecodingConfig"
 
 
 def _type_ok(value, spec: str) -> bool:
@@ -129,13 +134,12 @@ class FakeSampling:
 def fake_modules(line: str):
     """(tensorrt_llm, tensorrt_llm.llmapi) modules that accept exactly the fields of `line`."""
     mod, api = types.ModuleType("tensorrt_llm"), types.ModuleType("tensorrt_llm.llmapi")
-    eagle3 = type("Eagle3DecodingConfig", (_Strict,), {"cls": "Eagle3DecodingConfig", "line": line})
-    kv = type("KvCacheConfig", (_Strict,), {"cls": "KvCacheConfig", "line": line})
-    fields = {name: None for name in line_fields(line, "Eagle3DecodingConfig")}
-    eagle3.model_fields = fields  # what trtllm_backend._field_names reads
+    for name in ("Eagle3DecodingConfig", "DraftTargetDecodingConfig", "KvCacheConfig"):
+        strict = type(name, (_Strict,), {"cls": name, "line": line})
+        strict.model_fields = {f: None for f in line_fields(line, name)}  # what trtllm_backend._field_names reads
+        setattr(api, name, strict)
     llm = type("LLM", (FakeLLM,), {"line": line})
     mod.LLM, mod.SamplingParams, mod.llmapi, mod.__version__ = llm, FakeSampling, api, VERSIONS[line]
-    api.Eagle3DecodingConfig, api.KvCacheConfig = eagle3, kv
     return mod, api
 
 
@@ -168,6 +172,7 @@ class _Strict:
         if bad: raise ValueError(f"extra inputs are not permitted: {{sorted(bad)}}")
         self.__dict__.update(kw)
 class Eagle3DecodingConfig(_Strict): pass
+class DraftTargetDecodingConfig(_Strict): pass
 class KvCacheConfig(_Strict): pass
 class TorchLlmArgs:
     model_fields = dict.fromkeys(ALLOWED["TorchLlmArgs"])
@@ -181,7 +186,8 @@ def write_fake_packages(tmp_path: Path, line: str, gpu: bool = True) -> Path:
     (fake / "tensorrt_llm").mkdir(parents=True)
     (fake / "torch").mkdir()
     (fake / "torch" / "__init__.py").write_text(FAKE_TORCH.format(gpu=gpu))
-    fields = {cls: line_fields(line, cls) for cls in ("Eagle3DecodingConfig", "TorchLlmArgs")}
+    fields = {cls: line_fields(line, cls) for cls in ("Eagle3DecodingConfig", "DraftTargetDecodingConfig",
+                                                      "TorchLlmArgs")}
     (fake / "tensorrt_llm" / "__init__.py").write_text(FAKE_TRTLLM.format(version=VERSIONS[line], fields=repr(fields)))
     (fake / "tensorrt_llm" / "llmapi.py").write_text(FAKE_LLMAPI.format())
     return fake

@@ -25,6 +25,9 @@ from eagle_trt.engine.trtllm_bundle import LEGACY_DIR, OPTIONS_NAME, read_meta
 from eagle_trt.engine.trtllm_lines import DEFAULT_LINE, LINES, line_for
 from eagle_trt.errors import EagleError, InputError, MissingDependencyError
 
+# The LLM API's config class for each decoding_type a bundle writes (tensorrt_llm.llmapi, both lines).
+DECODING_CONFIGS = {"Eagle3": "Eagle3DecodingConfig", "Draft_Target": "DraftTargetDecodingConfig"}
+
 INSTALL_HINT = (
     "pip install 'eagle-trt[trtllm]' on Linux x86-64/aarch64 with Python 3.10 or 3.12 and CUDA "
     "(TensorRT-LLM also needs an NVIDIA GPU and driver)"
@@ -118,24 +121,26 @@ def _field_names(cls) -> set[str]:
 def llm_kwargs(root: Path, options: dict, speculative: bool = True) -> dict:
     """LLM(...) keyword arguments from the bundle's YAML: config objects built, paths made absolute.
 
-    Every speculative field must exist in the installed Eagle3DecodingConfig: the 1.3+ classes forbid
-    unknown fields, and a missing one is named here in one line instead of in a validation dump."""
-    from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig
+    Every speculative field must exist in the installed decoding config (Eagle3DecodingConfig, or
+    DraftTargetDecodingConfig for a draft model): the 1.3+ classes forbid unknown fields, and a missing one is named
+    here in one line instead of in a validation dump."""
+    from tensorrt_llm import llmapi
 
     root = Path(root).resolve()
     kwargs = {k: v for k, v in options.items() if k not in ("speculative_config", "kv_cache_config")}
-    kwargs["kv_cache_config"] = KvCacheConfig(**options.get("kv_cache_config", {}))
+    kwargs["kv_cache_config"] = llmapi.KvCacheConfig(**options.get("kv_cache_config", {}))
     if speculative and options.get("speculative_config"):
         spec = dict(options["speculative_config"])
         spec["speculative_model"] = str((root / spec["speculative_model"]).resolve())
-        unknown = sorted(set(spec) - _field_names(Eagle3DecodingConfig))
+        name = DECODING_CONFIGS[spec["decoding_type"]]
+        unknown = sorted(set(spec) - _field_names(getattr(llmapi, name)))
         if unknown:
             raise InputError(
-                f"the installed TensorRT-LLM {installed_version()} has no Eagle3DecodingConfig field "
+                f"the installed TensorRT-LLM {installed_version()} has no {name} field "
                 f"{', '.join(unknown)} (bundle line {bundle_line(root)})",
                 hint="rebuild the bundle with the --trtllm-version of the installed release",
             )
-        kwargs["speculative_config"] = Eagle3DecodingConfig(**spec)
+        kwargs["speculative_config"] = getattr(llmapi, name)(**spec)
     return kwargs
 
 
@@ -249,6 +254,12 @@ class TrtllmRunner:
         for key in ("use_dynamic_tree", "dynamic_tree_max_topK", "max_total_draft_tokens", "eagle_choices"):
             spec.pop(key, None)
         spec["max_draft_len"] = opts.draft_length
+        if spec["decoding_type"] == "Draft_Target":  # a draft model drafts a chain on every line
+            if getattr(opts, "posterior_threshold", None) is not None and opts.mode == "eagle":
+                raise InputError("--posterior-threshold: TensorRT-LLM's Draft_Target has no typical acceptance; "
+                                 "leave it out for lossless acceptance")
+            options["speculative_config"] = spec
+            return options, opts.mode == "eagle"
         if opts.tree == "static" and opts.mode == "eagle":
             raise InputError(f"--tree static: {line.releases} runs no static trees; use --tree chain"
                              + (" or dynamic" if line.runs_trees else ""))  # fmt: skip

@@ -1,9 +1,10 @@
 """The TensorRT-LLM side of an engine dir, as plain files: nothing here imports tensorrt_llm.
 
 A bundle is written for one TensorRT-LLM release line (`trtllm_version`, eagle_trt.engine.trtllm_lines)
-and holds only fields that line defines. For an EAGLE-3 head (the LLM API's PyTorch backend):
+and holds only fields that line defines. For an EAGLE-3 head or a draft model (the LLM API's PyTorch backend):
 
-    extra_llm_api_options.yaml   speculative_config (Eagle3), kv_cache_config, request limits
+    extra_llm_api_options.yaml   speculative_config (Eagle3, or Draft_Target for a draft model, whose draft/ is then a
+                                 complete HF model dir), kv_cache_config, request limits
     trtllm.json                  the line, the tree it runs, the served model name
     serve.sh, bench.sh           trtllm-serve / trtllm-bench from any directory (eagle_trt.engine.trtllm_scripts)
     validate.py                  spec == no-spec check that needs only TensorRT-LLM (eagle_trt.engine.trtllm_validate)
@@ -43,6 +44,7 @@ LEGACY_DIR = "legacy_trt"
 TRTLLM_DTYPES = ("float16", "bfloat16")  # weight dtypes the TensorRT-LLM kernels serve
 LEGACY_MAX_DRAFT = 256
 _DRAFT_REF = "./draft"  # the YAML's draft path; the scripts replace this exact text with an absolute path
+DRAFT_TARGET = "Draft_Target"  # DraftTargetDecodingConfig's decoding_type in both lines
 
 
 draft_tensor_names = trtllm_hf_files.draft_tensor_names
@@ -58,8 +60,8 @@ def runs_tree(cfg) -> bool:
 
 
 def check_trtllm_config(cfg) -> list[str]:
-    """Raise ConfigError for settings TensorRT-LLM cannot honour; return warnings for ones it ignores."""
-    line = line_of(cfg)
+    """Raise ConfigError for settings TensorRT-LLM cannot honour whatever drafts; return warnings for ones it ignores.
+    The tree rules depend on the drafter: `check_trtllm_head`, once the checkpoint says what drafts."""
     if cfg.dtype not in TRTLLM_DTYPES:
         raise ConfigError(
             f"dtype {cfg.dtype} is not supported by backend trtllm (use {' or '.join(TRTLLM_DTYPES)})"
@@ -70,6 +72,47 @@ def check_trtllm_config(cfg) -> list[str]:
             f"kv_cache_dtype {kv} is not supported by backend trtllm with dtype {cfg.dtype} "
             f"(use auto, {cfg.dtype} or fp8)"
         )
+    warnings = []
+    if cfg.confidence_threshold > 0:
+        warnings.append(
+            f"confidence_threshold {cfg.confidence_threshold} has no TensorRT-LLM equivalent and is "
+            "ignored by backend trtllm (output stays lossless; trees are just not pruned)"
+        )
+    if cfg.lookup_tokens > 0:
+        warnings.append(
+            f"lookup_tokens {cfg.lookup_tokens}: prompt-lookup branches are a torch-engine feature; TensorRT-LLM "
+            "verifies the drafted tokens without them (set lookup_tokens: 0 to silence this)"
+        )
+    return warnings
+
+
+def check_trtllm_head(cfg, head_kind: str) -> list[str]:
+    """The rules that depend on what drafts; returns warnings. EAGLE-3: the line's trees. A draft model: TensorRT-LLM's
+    Draft_Target drafts a chain on both lines. EAGLE-1/2: 1.2's legacy engine flow, at most 256 draft tokens."""
+    line = line_of(cfg)
+    if head_kind == "model":
+        if cfg.tree == "chain":
+            return []
+        return [f"{line.releases} runs a draft model (Draft_Target) as a chain of max_draft_len = draft_length "
+                f"({cfg.draft_length}) tokens per step: tree {cfg.tree} (total_tokens, max_beam_width) is not in "
+                "this bundle"]
+    if head_kind != "eagle1":
+        return _eagle3_tree_rules(cfg, line)
+
+    if not line.legacy_engine_flow:
+        raise ConfigError(
+            f"this EAGLE-1/2 head needs TensorRT-LLM's legacy TensorRT-engine flow, which {line.releases} no "
+            'longer have: build it with trtllm_version "1.2" (--trtllm-version 1.2), or train an EAGLE-3 head'
+        )
+    if cfg.total_tokens > LEGACY_MAX_DRAFT:
+        raise ConfigError(
+            f"total_tokens ({cfg.total_tokens}) exceeds {LEGACY_MAX_DRAFT}, the most draft tokens "
+            "TensorRT-LLM's legacy EAGLE engine (max_draft_len) supports"
+        )
+    return []
+
+
+def _eagle3_tree_rules(cfg, line: Line) -> list[str]:
     if cfg.tree == "static" and line.runs_trees:
         raise ConfigError(
             f'tree static: {line.releases} have no static trees (eagle_choices was removed); use tree: dynamic '
@@ -81,45 +124,21 @@ def check_trtllm_config(cfg) -> list[str]:
             f"({cfg.max_beam_width} x {cfg.draft_length} = {cfg.max_beam_width * cfg.draft_length}): "
             "TensorRT-LLM's dynamic tree cannot hold that many draft tokens"
         )
-    warnings = []
     if cfg.tree != "chain" and not line.runs_trees:
-        warnings.append(
-            f"{line.releases} runs EAGLE-3 as a chain of max_draft_len = draft_length ({cfg.draft_length}) tokens "
-            f"per step: tree {cfg.tree} (total_tokens, max_beam_width) is not in this bundle; "
-            'trtllm_version "1.3+" runs dynamic trees'
-        )
-    if cfg.confidence_threshold > 0:
-        warnings.append(
-            f"confidence_threshold {cfg.confidence_threshold} has no TensorRT-LLM equivalent and is "
-            "ignored by backend trtllm (output stays lossless; trees are just not pruned)"
-        )
-    if cfg.lookup_tokens > 0:
-        warnings.append(
-            f"lookup_tokens {cfg.lookup_tokens}: prompt-lookup branches are a torch-engine feature; TensorRT-LLM "
-            "verifies the EAGLE-3 tree without them (set lookup_tokens: 0 to silence this)"
-        )
-    return warnings
+        return [f"{line.releases} runs EAGLE-3 as a chain of max_draft_len = draft_length ({cfg.draft_length}) "
+                f"tokens per step: tree {cfg.tree} (total_tokens, max_beam_width) is not in this bundle; "
+                'trtllm_version "1.3+" runs dynamic trees']
+    return []
 
 
-def check_trtllm_head(cfg, head_kind: str) -> None:
-    """Limits that depend on the head: EAGLE-1/2 heads need 1.2's legacy engine flow, at most 256 draft tokens."""
-    if head_kind != "eagle1":
-        return
-    line = line_of(cfg)
-    if not line.legacy_engine_flow:
-        raise ConfigError(
-            f"this EAGLE-1/2 head needs TensorRT-LLM's legacy TensorRT-engine flow, which {line.releases} no "
-            'longer have: build it with trtllm_version "1.2" (--trtllm-version 1.2), or train an EAGLE-3 head'
-        )
-    if cfg.total_tokens > LEGACY_MAX_DRAFT:
-        raise ConfigError(
-            f"total_tokens ({cfg.total_tokens}) exceeds {LEGACY_MAX_DRAFT}, the most draft tokens "
-            "TensorRT-LLM's legacy EAGLE engine (max_draft_len) supports"
-        )
-
-
-def speculative_config(cfg, aux_layer_ids: list[int]) -> dict:
-    """Eagle3DecodingConfig fields of the config's line. Greedy acceptance: the output equals plain greedy decoding."""
+def speculative_config(cfg, aux_layer_ids: list[int], head_kind: str = "eagle3") -> dict:
+    """Eagle3DecodingConfig fields of the config's line, or DraftTargetDecodingConfig's for a draft model (a chain of
+    draft_length tokens). Greedy acceptance: the output equals plain greedy decoding."""
+    if head_kind == "model":
+        spec = {"decoding_type": DRAFT_TARGET, "max_draft_len": cfg.draft_length, "speculative_model": _DRAFT_REF}
+        extra = set(spec) - line_of(cfg).draft_target_fields
+        assert not extra, f"fields outside line {cfg.trtllm_version}: {extra}"  # an invariant of this module
+        return spec
     spec: dict = {"decoding_type": "Eagle3", "max_draft_len": cfg.draft_length, "speculative_model": _DRAFT_REF}
     if runs_tree(cfg):  # dynamic: static trees were refused for lines that run trees
         spec.update(use_dynamic_tree=True, dynamic_tree_max_topK=cfg.max_beam_width,
@@ -131,9 +150,9 @@ def speculative_config(cfg, aux_layer_ids: list[int]) -> dict:
     return spec
 
 
-def llm_api_options(cfg, aux_layer_ids: list[int]) -> dict:
+def llm_api_options(cfg, aux_layer_ids: list[int], head_kind: str = "eagle3") -> dict:
     """Everything extra_llm_api_options.yaml holds (TorchLlmArgs field names of the line)."""
-    spec = speculative_config(cfg, aux_layer_ids)
+    spec = speculative_config(cfg, aux_layer_ids, head_kind)
     tree_tokens = spec.get("max_total_draft_tokens", spec["max_draft_len"])
     return {
         "max_batch_size": cfg.max_batch_size,
@@ -155,6 +174,8 @@ def bundle_meta(cfg, options: dict) -> dict:
     line, spec = line_of(cfg), options["speculative_config"]
     return {
         "eagle_trt": __version__, "name": cfg.name, "trtllm_version": line.name, "releases": line.releases,
+        "drafter": "model" if spec["decoding_type"] == DRAFT_TARGET else "eagle3",
+        "decoding_type": spec["decoding_type"],
         "tree": "dynamic" if spec.get("use_dynamic_tree") else "chain", "max_draft_len": spec["max_draft_len"],
         "max_total_draft_tokens": spec.get("max_total_draft_tokens", spec["max_draft_len"]),
         "served_model_name": cfg.name, "transformers_pin": line.transformers_pin,
@@ -227,6 +248,9 @@ def write_bundle(cfg, head_kind: str, aux_layer_ids: list[int], target: dict, dr
     line = line_of(cfg)
     header = (f"# Generated by eagle-trt {__version__} for {line.releases} "
               f"(trtllm_version {line.name}, engine '{cfg.name}').\n")  # fmt: skip
+    if head_kind == "model":  # TensorRT-LLM loads a draft model as a complete HF model dir
+        for src in sorted((root / "tokenizer").iterdir()):
+            shutil.copyfile(src, root / "draft" / src.name)
     trtllm_hf_files.rewrite_dir(root)
     if head_kind == "eagle1":
         (root / LEGACY_DIR).mkdir()
@@ -234,9 +258,10 @@ def write_bundle(cfg, head_kind: str, aux_layer_ids: list[int], target: dict, dr
         (root / LEGACY_DIR / "config.json").write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n")
         _script(root / LEGACY_DIR / "trtllm_build.sh", "#!/usr/bin/env bash\n" + header + _legacy_script(cfg))
         return [f"{LEGACY_DIR}/config.json", f"{LEGACY_DIR}/trtllm_build.sh"]
-    options = llm_api_options(cfg, aux_layer_ids)
+    options = llm_api_options(cfg, aux_layer_ids, head_kind)
     text = yaml.safe_dump(options, sort_keys=False, default_flow_style=None)
-    if f"speculative_model: {_DRAFT_REF}\n" not in text:  # the scripts rewrite exactly this line
+    # The scripts rewrite exactly this text (a block line, or the last item of a flow mapping of scalars).
+    if f"speculative_model: {_DRAFT_REF}\n" not in text and f"speculative_model: {_DRAFT_REF}}}\n" not in text:
         raise AssertionError(f"unexpected YAML for speculative_model: {text!r}")
     (root / OPTIONS_NAME).write_text(header + "# speculative_model is relative to this file's dir; serve.sh, bench.sh "
                                      "and validate.py make it absolute.\n" + text)  # fmt: skip

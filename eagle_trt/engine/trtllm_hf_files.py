@@ -78,6 +78,7 @@ def rewrite_dir(root: Path) -> None:
     """Rewrite a bundle's target, draft and tokenizer JSON files in place (inside the build's temp dir)."""
     for path, fix in ((root / "target" / "config.json", model_config), (root / "draft" / "config.json", draft_config),
                       (root / "target" / "tokenizer_config.json", tokenizer_config),
+                      (root / "draft" / "tokenizer_config.json", tokenizer_config),  # a draft model's
                       (root / "tokenizer" / "tokenizer_config.json", tokenizer_config)):  # fmt: skip
         if path.is_file():
             data = json.loads(path.read_text(encoding="utf-8"))

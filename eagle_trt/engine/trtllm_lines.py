@@ -35,6 +35,9 @@ class Line:
     transformers_pin: str | None  # the transformers release the line pins (None: not read for this line)
     speculative_fields: frozenset[str]  # Eagle3DecodingConfig fields a bundle of this line may write
     runtime_fields: frozenset[str]  # fields `eagle-trt run` may add at run time (sampling modes)
+    # DraftTargetDecodingConfig (decoding_type "Draft_Target"; a draft model) fields a bundle may write. Both lines
+    # reset max_total_draft_tokens to max_draft_len: the draft model proposes a chain.
+    draft_target_fields: frozenset[str] = frozenset({"decoding_type", "max_draft_len", "speculative_model"})
 
 
 _CHAIN = frozenset({"decoding_type", "max_draft_len", "speculative_model", "eagle3_layers_to_capture"})

@@ -2,8 +2,9 @@
 """Check a TensorRT-LLM bundle where it will be served: `python validate.py` inside the bundle dir.
 
 Needs TensorRT-LLM (and the PyYAML it installs) and an NVIDIA GPU, nothing from eagle-trt or modelopt:
-the build copies this file into every EAGLE-3 trtllm bundle as validate.py. It builds LLM(...) from
-the bundle's own extra_llm_api_options.yaml, generates greedily with and without the EAGLE-3 draft,
+the build copies this file into every LLM-API trtllm bundle as validate.py. It builds LLM(...) from
+the bundle's own extra_llm_api_options.yaml, generates greedily with and without the draft (an EAGLE-3 head
+or a draft model),
 checks that both outputs are the same tokens, and prints the acceptance per decoding iteration.
 
     python validate.py                       # 3 prompts, 32 tokens each
@@ -73,14 +74,17 @@ def check_line(bundle_line: str, version: str) -> None:
 
 def llm_kwargs(options: dict, speculative: bool) -> dict:
     """LLM(...) keyword arguments from the YAML: config objects built, the draft path made absolute."""
-    from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig
+    from tensorrt_llm import llmapi
 
     kwargs = {k: v for k, v in options.items() if k not in ("speculative_config", "kv_cache_config")}
-    kwargs["kv_cache_config"] = KvCacheConfig(**options.get("kv_cache_config", {}))
+    kwargs["kv_cache_config"] = llmapi.KvCacheConfig(**options.get("kv_cache_config", {}))
     if speculative:
         spec = dict(options["speculative_config"])
         spec["speculative_model"] = str((HERE / spec["speculative_model"]).resolve())
-        kwargs["speculative_config"] = Eagle3DecodingConfig(**spec)
+        # An EAGLE-3 head, or a draft model (decoding_type Draft_Target: DraftTargetDecodingConfig in both lines).
+        draft_model = spec["decoding_type"] == "Draft_Target"
+        config = llmapi.DraftTargetDecodingConfig if draft_model else llmapi.Eagle3DecodingConfig
+        kwargs["speculative_config"] = config(**spec)
     return kwargs
 
 
