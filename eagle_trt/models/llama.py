@@ -18,11 +18,12 @@ from pathlib import Path
 
 import torch
 
+from eagle_trt.models import weight_cache
 from eagle_trt.models.backend import choose_backend
 from eagle_trt.models.kv_cache import KVCache
 from eagle_trt.models.layers import Rope
 from eagle_trt.models.spec import TargetSpec
-from eagle_trt.models.weights import load_safetensors, read_json, take
+from eagle_trt.models.weights import LazyTensors, read_json, take
 
 
 @dataclass
@@ -67,12 +68,58 @@ class LlamaTarget:
 
     # ---- loading -----------------------------------------------------------------------------
     @classmethod
-    def load(cls, model_dir: str | Path, dtype: torch.dtype = torch.float32) -> "LlamaTarget":
+    def load(cls, model_dir: str | Path, dtype: torch.dtype = torch.float32, cache: bool = False,
+             role: str = "target") -> "LlamaTarget":
+        """The model in model_dir (model.safetensors, or shards with their index), its tensors read one at a time.
+        cache=True (an engine's weights): the runtime layout comes from the weight cache when this machine made it
+        before, and is stored there when not (`models/weight_cache.py`)."""
         model_dir = Path(model_dir)
         spec = TargetSpec.from_hf_config(read_json(model_dir / "config.json"), str(model_dir / "config.json"))
-        src = model_dir / "model.safetensors"
-        w = load_safetensors(src, dtype)
-        return cls.from_state_dict(spec, w, dtype, src)
+        backend = choose_backend(dtype, spec)
+        path = weight_cache.cache_path(model_dir, role, backend.cache_key) if cache else None
+        state = weight_cache.read(path)
+        if state is not None:
+            try:
+                return cls.from_runtime_state(spec, dtype, backend, *state)
+            except (KeyError, ValueError, TypeError):
+                pass  # a file this code cannot read: made again below
+        model = cls.from_state_dict(spec, LazyTensors(model_dir, dtype), dtype, model_dir, backend=backend)
+        if path is not None:
+            weight_cache.write(path, *model.runtime_state())
+        return model
+
+    def runtime_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """Every tensor the forward reads, in the backend's layout, and how to rebuild the model from them."""
+        b, tensors, meta = self.backend, {"embed": self.embed, "norm": self.norm}, {"projections": {}}
+
+        def project(name: str, proj) -> None:
+            tensors[name], meta["projections"][name] = b.projection_state(proj)
+
+        for i, lw in enumerate(self.layers):
+            tensors[f"layers.{i}.input_norm"], tensors[f"layers.{i}.post_norm"] = lw.input_norm, lw.post_norm
+            if lw.qkv_bias is not None:
+                tensors[f"layers.{i}.qkv_bias"] = lw.qkv_bias
+            for part in ("qkv", "o", "gate_up", "down"):
+                project(f"layers.{i}.{part}", getattr(lw, part))
+        project("lm_head", self.lm_head)
+        meta["num_layers"] = len(self.layers)
+        return tensors, meta
+
+    @classmethod
+    def from_runtime_state(cls, spec: TargetSpec, dtype, backend, tensors: dict, meta: dict) -> "LlamaTarget":
+        """The model `runtime_state` described, its projections taken as they are (nothing packed or copied)."""
+        if meta["num_layers"] != spec.num_layers:
+            raise ValueError("the stored layout is for another model")
+
+        def project(name: str):
+            return backend.projection_from_state(tensors[name], meta["projections"][name])
+
+        layers = [LayerWeights(
+            input_norm=tensors[f"layers.{i}.input_norm"], qkv=project(f"layers.{i}.qkv"),
+            qkv_bias=tensors.get(f"layers.{i}.qkv_bias"), o=project(f"layers.{i}.o"),
+            post_norm=tensors[f"layers.{i}.post_norm"], gate_up=project(f"layers.{i}.gate_up"),
+            down=project(f"layers.{i}.down")) for i in range(spec.num_layers)]
+        return cls(spec, tensors["embed"], layers, tensors["norm"], project("lm_head"), dtype, backend=backend)
 
     @classmethod
     def from_state_dict(cls, spec: TargetSpec, w: dict, dtype, source="state dict", backend=None) -> "LlamaTarget":

@@ -83,6 +83,18 @@ class TorchBackend:
     def projection(self, w: torch.Tensor) -> Projection:
         return Projection(w)
 
+    # ---- the runtime weight cache (models/weight_cache.py): the [in, out] layout; oneDNN packs it at load ----
+    @property
+    def cache_key(self) -> str:
+        return f"torch-{str(self.dtype).removeprefix('torch.')}"
+
+    @staticmethod
+    def projection_state(proj) -> tuple[torch.Tensor, dict]:
+        return proj.w, {"in": proj.in_features, "out": proj.out_features}
+
+    def projection_from_state(self, w: torch.Tensor, meta: dict) -> Projection:
+        return Projection(w)
+
     def target_weights(self, layers, norm):
         return layers, norm
 

@@ -53,3 +53,54 @@ def take(tensors: dict[str, torch.Tensor], name: str, shape: tuple[int, ...], so
             f"{source}: tensor '{name}' has shape {list(t.shape)}, expected {list(shape)} for this target"
         )
     return t
+
+
+class LazyTensors:
+    """A model dir's tensors (model.safetensors, or the shards its index names) read one at a time as they are
+    taken, cast to `dtype` when floating: loading a model this way never holds its checkpoint layout whole beside
+    what is made of it. Supports what loading uses: `in`, `pop` (with `take`) and iteration over the names."""
+
+    def __init__(self, model_dir: Path, dtype: torch.dtype | None = None):
+        from eagle_trt.safetensors_stream import read_entries
+        from eagle_trt.shards import INDEX_NAME, index_shards
+
+        model_dir = Path(model_dir)
+        single = model_dir / "model.safetensors"
+        if single.is_file():
+            shards = [single]
+        elif (model_dir / INDEX_NAME).is_file():
+            shards = index_shards(model_dir / INDEX_NAME)
+        else:
+            raise CheckpointError(f"{single}: file not found")
+        self.dtype = dtype
+        self._where = {name: (shard, e) for shard in shards for name, e in read_entries(shard).items()}
+        self._files: dict = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def __iter__(self):
+        return iter(list(self._where))
+
+    def keys(self):
+        return list(self._where)
+
+    def pop(self, name: str, *default):
+        from eagle_trt.safetensors_stream import read_tensor
+
+        if name not in self._where:
+            if default:
+                return default[0]
+            raise KeyError(name)
+        shard, entry = self._where.pop(name)
+        if shard not in self._files:
+            self._files[shard] = open(shard, "rb")
+        t = read_tensor(self._files[shard], entry)
+        if not self._where:
+            self.close()
+        return t.to(self.dtype) if self.dtype is not None and t.is_floating_point() else t
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()

@@ -46,7 +46,8 @@ class Session:
 
             return cls(engine, TrtllmRunner.open(engine), load_tokenizer(engine.tokenizer_dir))
         dtype = DTYPES[cfg.dtype]
-        target = LlamaTarget.load(engine.target_dir, dtype)
+        # cache=True: the weights' runtime layout for this machine, made once and mapped afterwards.
+        target = LlamaTarget.load(engine.target_dir, dtype, cache=True)
         kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, dtype)
         scales = _kv_scales(Path(engine.root) / "kv_scales.safetensors")
         # Drafted tree + root + prompt-lookup branches, with room for run-time options above the config's.
@@ -57,10 +58,10 @@ class Session:
         if engine.manifest.draft.kind == "model":  # a small LM drafts, with its own KV cache (model_drafter.py)
             from eagle_trt.runtime.model_drafter import DraftModel, ModelDrafter
 
-            drafter = ModelDrafter(DraftModel.load(engine.draft_dir, dtype), capacity, target.spec.vocab_size,
-                                   kv_dtype)
+            draft = DraftModel.load(engine.draft_dir, dtype, cache=True, role="draft-model")
+            drafter = ModelDrafter(draft, capacity, target.spec.vocab_size, kv_dtype)
         else:
-            head = Eagle3DraftHead.load(engine.draft_dir, target, dtype)
+            head = Eagle3DraftHead.load(engine.draft_dir, target, dtype, cache=True)
         runner = Runner(target, head, capacity=capacity,
                         kv_dtype=kv_dtype, k_scales=scales.get("target.k_scales"),
                         v_scales=scales.get("target.v_scales"), max_input_len=cfg.max_input_len,

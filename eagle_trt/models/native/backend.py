@@ -48,6 +48,19 @@ class NativeBackend:
     def projection(self, w: torch.Tensor) -> gemm.NativeProjection:
         return gemm.NativeProjection(self.lib, w, amx=self.amx)
 
+    # ---- the runtime weight cache (models/weight_cache.py) -------------------------------------------------
+    @property
+    def cache_key(self) -> str:
+        """What the packed layouts depend on: the kernel build (its sources, flags and CPU), the dtype, AMX."""
+        return f"{self.name}-{str(self.dtype).removeprefix('torch.')}-{self.lib.path.stem}"
+
+    @staticmethod
+    def projection_state(proj) -> tuple[torch.Tensor, dict]:
+        return proj.w, {"in": proj.in_features, "out": proj.out_features, "amx": proj.amx}
+
+    def projection_from_state(self, w: torch.Tensor, meta: dict) -> gemm.NativeProjection:
+        return gemm.NativeProjection.from_packed(self.lib, w, meta["in"], meta["out"], meta["amx"])
+
     # ---- the target -----------------------------------------------------------------------------------------
     def target_weights(self, layers, norm):
         return stack.StackWeights(layers, norm), (layers, norm)

@@ -58,6 +58,22 @@ class NativeProjection:
         if rc != 0:
             raise RuntimeError(f"packing a {list(weight.shape)} weight failed (code {rc})")
 
+    @classmethod
+    def from_packed(cls, lib, packed: torch.Tensor, in_features: int, out_features: int, amx: bool
+                    ) -> "NativeProjection":
+        """A projection over a weight already in its kernel's layout (what `w` held, e.g. mapped from the runtime
+        weight cache): nothing is packed or copied."""
+        size = amx_packed_size(in_features, out_features) if amx else lib.gemm_packed_size(
+            in_features, out_features, int(packed.dtype is BF16))
+        fits = packed.dim() == 1 and packed.numel() == size and packed.dtype in _FLOATS
+        if not fits or (amx and packed.dtype is not BF16):
+            raise ValueError(f"a packed {list(packed.shape)} {packed.dtype} weight does not fit [{in_features}, "
+                             f"{out_features}] (amx={amx})")
+        self = cls.__new__(cls)
+        self.lib, self.w, self.in_features, self.out_features = lib, packed, in_features, out_features
+        self.dtype, self.amx = packed.dtype, amx
+        return self
+
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, in] -> [M, out] in the weight's dtype (into `out` if given: a buffer a forward reuses)."""
         x = self._checked(x)

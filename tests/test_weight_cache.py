@@ -1,0 +1,102 @@
+"""The runtime weight cache (models/weight_cache.py): an engine opened a second time maps the layout the first open
+made, packs nothing, and decodes the same tokens; a rebuilt engine, another backend or a damaged file never reads a
+stale layout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eagle_trt.models import weight_cache
+from eagle_trt.runtime.session import Session
+
+PROMPT = "Hello there"
+
+
+@pytest.fixture(params=["float32", "bfloat16"])
+def engine(request, tiny_checkpoint, tmp_path, monkeypatch):
+    from conftest import build_tiny_engine
+
+    monkeypatch.setenv("EAGLE_TRT_WEIGHT_CACHE", str(tmp_path / "weights"))
+    (tmp_path / "e").mkdir()
+    cfg_engine = build_tiny_engine(tiny_checkpoint, tmp_path / "e")
+    if request.param == "float32":
+        return cfg_engine
+    from typer.testing import CliRunner
+
+    from eagle_trt.cli.app import app
+
+    cfg = tmp_path / "bf16.yaml"
+    cfg.write_text(f"name: tiny\ncheckpoint_dir: {tiny_checkpoint}\ndtype: bfloat16\nmax_input_len: 64\n"
+                   "max_output_len: 64\n")
+    r = CliRunner().invoke(app, ["build", "-c", str(cfg), "-o", str(tmp_path / "bf16")])
+    assert r.exit_code == 0, r.output
+    return tmp_path / "bf16"
+
+
+def tokens(session, **opts):
+    ids = session.encode(PROMPT)
+    return session.runner.generate(ids, session.decode_options(max_new_tokens=20, **opts)).token_ids
+
+
+def no_packing(monkeypatch):
+    """Make reading the engine's checkpoint layout or packing a weight fail: a cache hit does neither."""
+    import eagle_trt.models.llama as llama
+    from eagle_trt.models.native import gemm
+
+    def fail(*a, **k):
+        raise AssertionError("the layout was made again")
+
+    monkeypatch.setattr(llama, "LazyTensors", fail)
+    monkeypatch.setattr(gemm.NativeProjection, "__init__", fail)
+
+
+def test_second_open_maps_the_stored_layout(engine, tmp_path, monkeypatch):
+    first = Session.open(engine)
+    ar, sd = tokens(first, mode="ar"), tokens(first)
+    files = sorted(p.name for p in (tmp_path / "weights").iterdir())
+    assert [f.split("-")[0] for f in files] == ["draft", "target"]
+    no_packing(monkeypatch)
+    second = Session.open(engine)
+    assert tokens(second, mode="ar") == ar and tokens(second) == sd
+    assert second.runner.target.backend.name == first.runner.target.backend.name
+
+
+def test_a_rebuilt_engine_or_a_damaged_file_is_made_again(engine, tmp_path):
+    Session.open(engine)
+    target_file = next((tmp_path / "weights").glob("target-*.bin"))
+    target_file.write_bytes(target_file.read_bytes()[:100])  # damaged: cut short
+    reopened = Session.open(engine)
+    assert tokens(reopened, mode="ar")
+    assert target_file.stat().st_size > 100  # made again, in place
+    manifest = engine / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["files"]["target/model.safetensors"]["sha256"] = "0" * 64  # what a rebuild with new weights changes
+    manifest.write_text(json.dumps(data))
+    assert weight_cache.cache_path(engine / "target", "target", "k") != weight_cache.cache_path(
+        engine / "target", "other", "k")
+    assert len(list((tmp_path / "weights").glob("target-*.bin"))) == 1
+    Session.open(engine, verify=False)
+    assert len(list((tmp_path / "weights").glob("target-*.bin"))) == 2
+
+
+def test_off_writes_nothing(engine, tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE_TRT_WEIGHT_CACHE", "0")
+    assert weight_cache.cache_path(engine / "target", "target", "k") is None
+    Session.open(engine)
+    assert not (tmp_path / "weights").exists()
+
+
+def test_file_round_trip_keeps_bytes_and_alignment(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    tensors = {"a": torch.randn(3, 5, generator=g), "b": torch.randn(7, generator=g).bfloat16(),
+               "c": torch.arange(4), "d": torch.zeros(0)}
+    weight_cache.write(tmp_path / "x.bin", tensors, {"k": [1, 2]})
+    got, meta = weight_cache.read(tmp_path / "x.bin")
+    assert meta == {"k": [1, 2]}
+    for name, t in tensors.items():
+        assert got[name].dtype == t.dtype and torch.equal(got[name], t)
+        assert got[name].data_ptr() % weight_cache.ALIGN == 0 or t.numel() == 0
+    assert weight_cache.read(tmp_path / "missing.bin") is None
