@@ -8,11 +8,13 @@
 Steps, one PASS / FAIL / WARN / SKIP line each, each in its own time limit (all of them in 10 minutes):
   bundles   CPU (or --bundles-from: found in that dir). A tiny random Llama (8 layers, head_dim 64, a 260-token byte vocabulary) with a random
             EAGLE-3 head, built by `build_engine` into bundles for both TensorRT-LLM lines: 1.3+ as a chain
-            and as a dynamic tree, 1.2 as a chain (its only shape), each with KV auto and fp8. A few MB each.
+            and as a dynamic tree, 1.2 as a chain (its only shape), each with KV auto and fp8; and per line one
+            bundle where a smaller random Llama with the same tokenizer drafts (Draft_Target). A few MB each.
   versions  Python, torch, CUDA and GPU, transformers, and tensorrt_llm imported in a subprocess.
             Without tensorrt_llm or a GPU the check stops here with exit code 3.
-  config    Config only, no model load: each bundle of the installed line builds its Eagle3DecodingConfig and
-            KvCacheConfig with the installed classes, and its top-level fields are TorchLlmArgs fields.
+  config    Config only, no model load: each bundle of the installed line builds its Eagle3DecodingConfig (or
+            DraftTargetDecodingConfig) and KvCacheConfig with the installed classes, and its top-level fields are
+            TorchLlmArgs fields.
   generate  Per bundle of the installed line: its own validate.py in a subprocess (a real LLM load, 32 greedy
             tokens with and without speculation, acceptance per iteration). Unequal outputs are a WARN on these
             random models (bf16 near-ties), a FAIL with --strict-lossless.
@@ -100,19 +102,33 @@ def write_checkpoint(work: Path, seed: int = 0) -> Path:
     return ckpt
 
 
+def write_draft_model_checkpoint(work: Path, target_ckpt: Path, seed: int = 0) -> Path:
+    """target/ as in write_checkpoint + draft/: a smaller random Llama (4 layers) with the same tokenizer."""
+    import shutil
+
+    from make_tiny_model import make_tiny_model
+
+    ckpt = work / "ckpt-draft-model"
+    shutil.copytree(target_ckpt / "target", ckpt / "target")
+    make_tiny_model(ckpt / "draft", seed=seed + 2, init_std=0.3, **{**TINY, "num_hidden_layers": 4})
+    return ckpt
+
+
 def build_bundles(work: Path) -> dict[str, list[Path]]:
     from eagle_trt.config import EagleConfig
     from eagle_trt.engine.builder import build_engine
 
     ckpt = write_checkpoint(work)
+    model_ckpt = write_draft_model_checkpoint(work, ckpt)
     out: dict[str, list[Path]] = {}
     for line, variants in VARIANTS.items():
-        for tree, kv in variants:
-            cfg = EagleConfig(name=f"smoke-{tree}-{kv}", backend="trtllm", dtype="bfloat16", trtllm_version=line,
+        for tree, kv, name, source in [(t, k, f"smoke-{t}-{k}", ckpt) for t, k in variants] + [
+                ("chain", "auto", "smoke-draftmodel-chain-auto", model_ckpt)]:
+            cfg = EagleConfig(name=name, backend="trtllm", dtype="bfloat16", trtllm_version=line,
                               kv_cache_dtype=kv, tree=tree, draft_length=4, max_beam_width=4, total_tokens=10,
                               lookup_tokens=0, max_input_len=256, max_output_len=128)  # fmt: skip
             dest = work / "bundles" / line.replace("+", "plus") / cfg.name
-            out.setdefault(line, []).append(build_engine(cfg, ckpt, dest).engine_dir)
+            out.setdefault(line, []).append(build_engine(cfg, source, dest).engine_dir)
     return out
 
 
@@ -142,13 +158,13 @@ _CONFIG = """
 import json, sys
 from pathlib import Path
 import yaml
-from tensorrt_llm.llmapi import Eagle3DecodingConfig, KvCacheConfig, TorchLlmArgs
+from tensorrt_llm.llmapi import DraftTargetDecodingConfig, Eagle3DecodingConfig, KvCacheConfig, TorchLlmArgs
 out = {}
 for root in map(Path, sys.argv[1:]):
     opts = yaml.safe_load((root / "extra_llm_api_options.yaml").read_text())
     spec = dict(opts["speculative_config"], speculative_model=str(root / "draft"))
     try:
-        Eagle3DecodingConfig(**spec)
+        (DraftTargetDecodingConfig if spec["decoding_type"] == "Draft_Target" else Eagle3DecodingConfig)(**spec)
         KvCacheConfig(**opts["kv_cache_config"])
         extra = sorted(set(opts) - set(TorchLlmArgs.model_fields))
         out[root.name] = f"unknown TorchLlmArgs fields {extra}" if extra else "ok"

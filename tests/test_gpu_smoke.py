@@ -38,7 +38,7 @@ def test_cpu_part_builds_small_bundles_and_exits_3_without_tensorrt_llm(built):
     work, out = built
     assert out.returncode == 3, out.stdout + out.stderr
     lines = out.stdout.strip().splitlines()
-    assert lines[0].startswith("[PASS] bundles: 6 bundles under ")
+    assert lines[0].startswith("[PASS] bundles: 8 bundles under ")
     assert lines[1].startswith("[PASS] versions: python ") and "tensorrt_llm None" in lines[1]
     assert lines[2] == ("[SKIP] config: TensorRT-LLM is not installed (ModuleNotFoundError: No module named "
                         "'tensorrt_llm'): the GPU steps need TensorRT-LLM and an NVIDIA GPU")
@@ -50,10 +50,12 @@ def test_cpu_part_builds_small_bundles_and_exits_3_without_tensorrt_llm(built):
         root, meta = meta_path.parent, json.loads(meta_path.read_text())
         doc = yaml.safe_load((root / "extra_llm_api_options.yaml").read_text())
         assert contract_violations(doc, meta["trtllm_version"]) == []
-        seen.add((meta["trtllm_version"], meta["tree"], doc["kv_cache_config"]["dtype"]))
+        seen.add((meta["trtllm_version"], meta["drafter"], meta["tree"], doc["kv_cache_config"]["dtype"]))
         assert sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) < 12 * 2**20  # a few MB
-    assert seen == {("1.3+", "chain", "auto"), ("1.3+", "chain", "fp8"), ("1.3+", "dynamic", "auto"),
-                    ("1.3+", "dynamic", "fp8"), ("1.2", "chain", "auto"), ("1.2", "chain", "fp8")}  # fmt: skip
+    assert seen == {("1.3+", "eagle3", "chain", "auto"), ("1.3+", "eagle3", "chain", "fp8"),
+                    ("1.3+", "eagle3", "dynamic", "auto"), ("1.3+", "eagle3", "dynamic", "fp8"),
+                    ("1.2", "eagle3", "chain", "auto"), ("1.2", "eagle3", "chain", "fp8"),
+                    ("1.3+", "model", "chain", "auto"), ("1.2", "model", "chain", "auto")}  # fmt: skip
 
 
 def test_gpu_part_runs_each_bundle_of_the_installed_line(built, tmp_path):
@@ -63,16 +65,17 @@ def test_gpu_part_runs_each_bundle_of_the_installed_line(built, tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.strip().splitlines()
     assert "tensorrt_llm 1.3.0rc27" in lines[1] and "gpu FakeGPU" in lines[1]
-    assert lines[2] == "[PASS] config: line 1.3+: 4 bundles' configs accepted by TensorRT-LLM 1.3.0rc27"
+    assert lines[2] == "[PASS] config: line 1.3+: 5 bundles' configs accepted by TensorRT-LLM 1.3.0rc27"
     generate = [ln for ln in lines if ln.startswith("[PASS] generate smoke-")]
-    assert len(generate) == 4 and all("speculative == plain: yes" in ln for ln in generate)
-    assert lines[-1] == "7 passed, 0 failed, 0 skipped"
+    assert len(generate) == 5 and all("speculative == plain: yes" in ln for ln in generate)
+    assert any(ln.startswith("[PASS] generate smoke-draftmodel-chain-auto") for ln in generate)
+    assert lines[-1] == "8 passed, 0 failed, 0 skipped"
 
 
 def test_unequal_outputs_warn_on_random_models_and_fail_when_strict(built, tmp_path):
     work, _ = built
     env = {"PYTHONPATH": str(write_fake_packages(tmp_path, "1.2")), "FAKE_DIFFER": "1"}
     out = smoke("--bundles-from", str(work), "--max-tokens", "4", env=env)
-    assert out.returncode == 0 and out.stdout.count("[WARN] generate smoke-chain-") == 2, out.stdout
+    assert out.returncode == 0 and out.stdout.count("[WARN] generate smoke-") == 3, out.stdout
     out = smoke("--bundles-from", str(work), "--max-tokens", "4", "--strict-lossless", env=env)
-    assert out.returncode == 1 and out.stdout.strip().endswith("3 passed, 2 failed, 0 skipped")
+    assert out.returncode == 1 and out.stdout.strip().endswith("3 passed, 3 failed, 0 skipped")
