@@ -17,23 +17,19 @@ PROMPT = "Hello there"
 
 @pytest.fixture(params=["float32", "bfloat16"])
 def engine(request, tiny_checkpoint, tmp_path, monkeypatch):
-    from conftest import build_tiny_engine
-
-    monkeypatch.setenv("EAGLE_TRT_WEIGHT_CACHE", str(tmp_path / "weights"))
-    (tmp_path / "e").mkdir()
-    cfg_engine = build_tiny_engine(tiny_checkpoint, tmp_path / "e")
-    if request.param == "float32":
-        return cfg_engine
+    """A tiny engine built with the cache in tmp_path/weights: `build` leaves its runtime layout there."""
     from typer.testing import CliRunner
 
     from eagle_trt.cli.app import app
 
-    cfg = tmp_path / "bf16.yaml"
-    cfg.write_text(f"name: tiny\ncheckpoint_dir: {tiny_checkpoint}\ndtype: bfloat16\nmax_input_len: 64\n"
+    monkeypatch.setenv("EAGLE_TRT_WEIGHT_CACHE", str(tmp_path / "weights"))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"name: tiny\ncheckpoint_dir: {tiny_checkpoint}\ndtype: {request.param}\nmax_input_len: 64\n"
                    "max_output_len: 64\n")
-    r = CliRunner().invoke(app, ["build", "-c", str(cfg), "-o", str(tmp_path / "bf16")])
+    r = CliRunner().invoke(app, ["build", "-c", str(cfg), "-o", str(tmp_path / "engine"), "--json"])
     assert r.exit_code == 0, r.output
-    return tmp_path / "bf16"
+    assert json.loads(r.stdout)["runtime_layout"] in ("amx", "avx512", "avx2", "torch")
+    return tmp_path / "engine"
 
 
 def tokens(session, **opts):
@@ -53,37 +49,37 @@ def no_packing(monkeypatch):
     monkeypatch.setattr(gemm.NativeProjection, "__init__", fail)
 
 
-def test_second_open_maps_the_stored_layout(engine, tmp_path, monkeypatch):
-    first = Session.open(engine)
-    ar, sd = tokens(first, mode="ar"), tokens(first)
-    files = sorted(p.name for p in (tmp_path / "weights").iterdir())
-    assert [f.split("-")[0] for f in files] == ["draft", "target"]
+def test_build_leaves_the_layout_and_run_maps_it(engine, tmp_path, monkeypatch):
+    files = sorted(p.name.split("-")[0] for p in (tmp_path / "weights").iterdir())
+    assert files == ["draft", "target"]
+    monkeypatch.setenv("EAGLE_TRT_WEIGHT_CACHE", "0")
+    fresh = Session.open(engine)  # made from the engine's own weights
+    ar, sd = tokens(fresh, mode="ar"), tokens(fresh)
+    monkeypatch.setenv("EAGLE_TRT_WEIGHT_CACHE", str(tmp_path / "weights"))
     no_packing(monkeypatch)
-    second = Session.open(engine)
-    assert tokens(second, mode="ar") == ar and tokens(second) == sd
-    assert second.runner.target.backend.name == first.runner.target.backend.name
+    mapped = Session.open(engine)
+    assert tokens(mapped, mode="ar") == ar and tokens(mapped) == sd
+    assert mapped.runner.target.backend.name == fresh.runner.target.backend.name
 
 
 def test_a_rebuilt_engine_or_a_damaged_file_is_made_again(engine, tmp_path):
-    Session.open(engine)
     target_file = next((tmp_path / "weights").glob("target-*.bin"))
     target_file.write_bytes(target_file.read_bytes()[:100])  # damaged: cut short
-    reopened = Session.open(engine)
-    assert tokens(reopened, mode="ar")
+    assert tokens(Session.open(engine), mode="ar")
     assert target_file.stat().st_size > 100  # made again, in place
     manifest = engine / "manifest.json"
     data = json.loads(manifest.read_text())
     data["files"]["target/model.safetensors"]["sha256"] = "0" * 64  # what a rebuild with new weights changes
     manifest.write_text(json.dumps(data))
-    assert weight_cache.cache_path(engine / "target", "target", "k") != weight_cache.cache_path(
-        engine / "target", "other", "k")
-    assert len(list((tmp_path / "weights").glob("target-*.bin"))) == 1
     Session.open(engine, verify=False)
     assert len(list((tmp_path / "weights").glob("target-*.bin"))) == 2
 
 
-def test_off_writes_nothing(engine, tmp_path, monkeypatch):
+def test_off_writes_nothing(tiny_checkpoint, tmp_path, monkeypatch):
+    from conftest import build_tiny_engine
+
     monkeypatch.setenv("EAGLE_TRT_WEIGHT_CACHE", "0")
+    engine = build_tiny_engine(tiny_checkpoint, tmp_path)
     assert weight_cache.cache_path(engine / "target", "target", "k") is None
     Session.open(engine)
     assert not (tmp_path / "weights").exists()

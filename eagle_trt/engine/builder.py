@@ -68,6 +68,7 @@ class BuildSummary:
     message: str = ""
     warnings: list[str] = field(default_factory=list)
     trtllm: dict | None = None
+    runtime_layout: str | None = None  # torch backend: the weights' layout for this machine's kernels, made here
 
 
 def build_engine(
@@ -130,12 +131,26 @@ def build_engine(
 
             summary.trtllm = validate_bundle(tmp)  # loads it through LLM(...) where TensorRT-LLM can run
         swap_into_place(tmp, out)
+    if cfg.backend == "torch":
+        summary.runtime_layout = warm_runtime_layout(out)
     summary.files = {k: v.model_dump() for k, v in manifest.files.items()}
     summary.validated = True
     summary.seconds = time.monotonic() - start
     total = sum(v.bytes for v in manifest.files.values())
     summary.message = f"built '{out}' ({len(manifest.files)} files, {total / 2**20:.1f} MiB, {cfg.dtype})"
     return summary
+
+
+def warm_runtime_layout(engine: Path) -> str | None:
+    """Open the new engine once, so the weight cache holds its runtime layout for this machine's kernels and the
+    first `run` here maps it instead of making it (models/weight_cache.py). Returns the kernels' name, or None
+    when the cache is off."""
+    from eagle_trt.models.weight_cache import cache_dir
+    from eagle_trt.runtime.session import Session
+
+    if cache_dir() is None:
+        return None
+    return Session.open(engine, verify=False).runner.target.backend.name
 
 
 def check_backend(cfg: EagleConfig) -> list[str]:

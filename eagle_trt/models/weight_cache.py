@@ -11,8 +11,9 @@ the build machine) makes that layout and stores it here; later starts map the fi
 
 Where: $EAGLE_TRT_WEIGHT_CACHE, else $EAGLE_TRT_CACHE/weights, else ~/.cache/eagle-trt/weights;
 EAGLE_TRT_WEIGHT_CACHE=0 turns it off. A file is keyed by the engine's weight files (their sha256 in the engine's
-manifest, sizes and modification times), the backend (kernel build, dtype, AMX or vectors) and this format, so a
-rebuilt engine, another CPU or another kernel build never reads a stale layout. The file is a JSON header followed by
+manifest, sizes and modification times; not where the engine lies, so a moved engine keeps its layout), the backend
+(kernel build, dtype, AMX or vectors) and this format, so a rebuilt engine, another CPU or another kernel build never
+reads a stale layout. The file is a JSON header followed by
 each tensor's bytes at a 64-byte aligned offset (the alignment the kernels' allocations have).
 """
 
@@ -59,7 +60,7 @@ def _identity(model_dir: Path) -> list:
         if f.suffix in (".safetensors", ".json"):
             st = f.stat()
             out.append([f.name, st.st_size, st.st_mtime_ns, hashes.get(f"{model_dir.name}/{f.name}")])
-    return [str(model_dir.resolve()), out]
+    return out
 
 
 def cache_path(model_dir: str | Path, role: str, backend_key: str) -> Path | None:
