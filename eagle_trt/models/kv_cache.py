@@ -39,8 +39,10 @@ class KVCache:
         device: torch.device | str = "cpu",
     ):
         shape = (num_layers, num_kv_heads, capacity, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # Uninitialised: a slot is always written before any forward reads it (reads stop at the slots in use), and
+        # untouched pages of a long context's cache cost no memory.
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
         self.capacity = capacity
         self.length = 0  # committed slots
         self.compute_dtype = compute_dtype
