@@ -48,11 +48,12 @@ def _tokenizer_eos(directory: Path) -> int | None:
     return vocab.get(name) if isinstance(vocab, dict) else None
 
 
-def eos_from_files(*dirs: str | Path) -> list[int]:
+def eos_from_files(*dirs: str | Path, tokenizer=None) -> list[int]:
     """End tokens a model dir (and its tokenizer dir, when apart) declares: config.json's and generation_config.json's
-    eos_token_id and the tokenizer's eos_token."""
-    values = []
+    eos_token_id and the tokenizer's eos_token (from `tokenizer` when one is loaded already, else from the files)."""
+    values = [tokenizer.eos_token_id] if tokenizer is not None else []
     for d in map(Path, dirs):
-        values += [_json(d / "config.json").get("eos_token_id"), _json(d / "generation_config.json").get("eos_token_id"),
-                   _tokenizer_eos(d)]
+        values += [_json(d / "config.json").get("eos_token_id"), _json(d / "generation_config.json").get("eos_token_id")]
+        if tokenizer is None:
+            values.append(_tokenizer_eos(d))
     return eos_token_ids(*values)

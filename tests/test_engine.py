@@ -367,3 +367,36 @@ def test_fp8_kv_allowed_on_torch(cfg, ckpt, tmp_path):
 def test_trtllm_rejects_float32(cfg, ckpt, tmp_path):
     with pytest.raises(ConfigError, match=r"^dtype float32 is not supported by backend trtllm \(use float16 or bfloat16\)$"):
         build_engine(cfg.model_copy(update={"backend": "trtllm"}), ckpt, tmp_path / "e", dry_run=True)
+
+
+def test_a_file_hashed_before_is_not_hashed_again_until_written(engine, monkeypatch, tmp_path):
+    """open_engine re-hashes only files written since this machine last hashed them; inspect always hashes."""
+    import os
+    import time
+
+    import eagle_trt.engine.engine_dir as engine_dir
+    from eagle_trt.engine import verified
+
+    monkeypatch.setenv("EAGLE_TRT_WEIGHT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(verified, "RACY_S", 0.0)
+    hashed = []
+    real = engine_dir.sha256_file
+    monkeypatch.setattr(engine_dir, "sha256_file", lambda p: hashed.append(p.name) or real(p))
+    open_engine(engine)
+    first = len(hashed)
+    assert first > 3
+    open_engine(engine)
+    assert len(hashed) == first  # nothing hashed the second time
+    weights = engine / "target" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    st = weights.stat()
+    time.sleep(0.01)
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size and mtime: only ctime tells
+    with pytest.raises(EngineIntegrityError, match="modified after the build"):
+        open_engine(engine)
+    open_engine(engine, verify=False)
+    hashed.clear()
+    with pytest.raises(EngineIntegrityError):
+        open_engine(engine, rehash=True)

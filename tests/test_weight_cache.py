@@ -50,7 +50,7 @@ def no_packing(monkeypatch):
 
 
 def test_build_leaves_the_layout_and_run_maps_it(engine, tmp_path, monkeypatch):
-    files = sorted(p.name.split("-")[0] for p in (tmp_path / "weights").iterdir())
+    files = sorted(p.name.split("-")[0] for p in (tmp_path / "weights").glob("*.bin"))
     assert files == ["draft", "target"]
     monkeypatch.setenv("EAGLE_TRT_WEIGHT_CACHE", "0")
     fresh = Session.open(engine)  # made from the engine's own weights

@@ -32,7 +32,7 @@ inspect.__doc__ += "\n\n    " + EXIT_CODES_HELP  # indented like the docstring, 
 def _inspect(engine, json_out, skip_verify) -> None:
     from eagle_trt.engine.engine_dir import open_engine
 
-    eng = open_engine(engine, verify=not skip_verify)
+    eng = open_engine(engine, verify=not skip_verify, rehash=True)
     manifest = eng.manifest.model_dump(mode="json")
     if json_out:
         if "trtllm.json" in manifest["files"]:  # the TensorRT-LLM line beside the manifest

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from eagle_trt.config import EagleConfig, load_config
 from eagle_trt.engine.manifest import MANIFEST_NAME, Manifest, read_manifest, sha256_file
+from eagle_trt.engine import verified
 from eagle_trt.errors import CheckpointError, EngineIntegrityError
 
 REQUIRED_FILES = (
@@ -52,11 +53,12 @@ class EngineDir:
         return self.root / "tokenizer"
 
 
-def open_engine(path: str | Path, verify: bool = True) -> EngineDir:
+def open_engine(path: str | Path, verify: bool = True, rehash: bool = False) -> EngineDir:
     """Check path against its manifest and return an EngineDir.
 
     Always: manifest parses, required and listed files exist with the recorded sizes, no unlisted
-    weight files. verify=True also re-hashes every file (seconds for a 135M model).
+    weight files. verify=True also hashes every file this machine has not hashed since it was last written
+    (`verified.py`); rehash=True hashes every file.
     """
     root = Path(path)
     if not root.exists():
@@ -89,8 +91,12 @@ def open_engine(path: str | Path, verify: bool = True) -> EngineDir:
         if file.is_file() and file.suffix in WEIGHT_SUFFIXES and rel not in manifest.files:
             raise EngineIntegrityError(f"engine dir '{root}' has a weight file not in {MANIFEST_NAME}: '{rel}'", hint=_HINT)
     if verify:
-        # Sizes matched, so hashing is the slow, definitive check: any flipped byte shows here.
+        # Sizes matched, so hashing is the slow, definitive check: any flipped byte shows here. A file this machine
+        # hashed before and that no write has touched since (same inode, size, mtime and ctime) is not hashed again.
+        seen = {} if rehash else verified.load(root)
         for rel, entry in manifest.files.items():
+            if verified.unchanged(seen, root / rel, entry.sha256):
+                continue
             digest = sha256_file(root / rel)
             if digest != entry.sha256:
                 raise EngineIntegrityError(
@@ -98,4 +104,6 @@ def open_engine(path: str | Path, verify: bool = True) -> EngineDir:
                     f"({digest[:12]}... != {entry.sha256[:12]}...): modified after the build",
                     hint=_HINT,
                 )
+            verified.record(seen, root / rel, digest)
+        verified.save(root, seen)
     return EngineDir(root=root, manifest=manifest, config=load_config(root / "eagle_config.yaml"))

@@ -62,14 +62,15 @@ class Session:
             drafter = ModelDrafter(draft, capacity, target.spec.vocab_size, kv_dtype)
         else:
             head = Eagle3DraftHead.load(engine.draft_dir, target, dtype, cache=True)
+        tokenizer = load_tokenizer(engine.tokenizer_dir)
         runner = Runner(target, head, capacity=capacity,
                         kv_dtype=kv_dtype, k_scales=scales.get("target.k_scales"),
                         v_scales=scales.get("target.v_scales"), max_input_len=cfg.max_input_len,
                         draft_k_scales=scales.get("draft.k_scales"), draft_v_scales=scales.get("draft.v_scales"),
                         datastore=_datastore(Path(engine.draft_dir), target.spec.vocab_size),
-                        eos_token_ids=eos_from_files(engine.target_dir, engine.tokenizer_dir), tree_room=tree_room,
-                        drafter=drafter)
-        return cls(engine, runner, load_tokenizer(engine.tokenizer_dir))
+                        eos_token_ids=eos_from_files(engine.target_dir, engine.tokenizer_dir, tokenizer=tokenizer),
+                        tree_room=tree_room, drafter=drafter)
+        return cls(engine, runner, tokenizer)
 
     @property
     def draft_kind(self) -> str:
