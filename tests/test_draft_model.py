@@ -192,3 +192,21 @@ def test_vocabularies_padded_to_different_sizes(tmp_path):
         res = runner.generate(prompt, DecodeOptions(max_new_tokens=30, eos_token_ids=[], tree="dynamic",
                                                     beam_width=4, draft_length=4, total_tokens=12))
         assert res.token_ids == ar(runner, prompt, 30)
+
+
+@pytest.mark.parametrize("fallback_after", [0, 2])
+@pytest.mark.parametrize("tree", [TREES[0], TREES[1], TREES[4], TREES[5]], ids=["chain", "dynamic", "static", "lookup"])
+def test_greedy_to_the_last_position_equals_ar(tmp_path_factory, tree, fallback_after):
+    """Answers that end exactly at the context's last position (prompt + max_new_tokens == 48): the trees of the
+    target's last steps and the draft model's scratch positions stay inside both RoPE tables."""
+    from make_tiny_model import make_tiny_model
+
+    root = tmp_path_factory.mktemp("short")
+    target_dir = make_tiny_model(root / "t", seed=3, max_position_embeddings=48)
+    runner = model_runner(LlamaTarget.load(target_dir), noisy_copy(target_dir, root / "d", 0.05), capacity=4 * 48)
+    for prompt in ([5, 6, 7, 8, 9], [40, 41, 42, 43, 40, 41, 42, 43, 40, 41, 42]):
+        n = 48 - len(prompt)
+        res = runner.generate(prompt, DecodeOptions(max_new_tokens=n, eos_token_ids=[], fallback_after=fallback_after,
+                                                    **tree))
+        assert res.token_ids == ar(runner, prompt, n) and len(res.token_ids) == n
+        assert res.metrics.stop_reason == "length"
