@@ -294,12 +294,12 @@ def test_existing_output_needs_force(tiny, tmp_path):
 
 
 def test_failure_leaves_no_partial_output(tiny, tmp_path, monkeypatch):
-    import eagle_trt.convert.pipeline as pipeline
+    import eagle_trt.convert.head_training as head_training
 
     def boom(*args, **kwargs):
         raise RuntimeError("export failed")
 
-    monkeypatch.setattr(pipeline, "write_draft", boom)
+    monkeypatch.setattr(head_training, "write_draft", boom)
     with pytest.raises(RuntimeError, match="export failed"):
         convert_model(tiny, tmp_path / "ckpt", progress=False)
     assert list(tmp_path.iterdir()) == []

@@ -47,7 +47,8 @@ def convert_with_draft_model(model_path, draft_path, output_dir, overwrite: bool
     """Write OUT with the target and the draft model (see the module doc); returns a ConvertResult."""
     from eagle_trt.safetensors_stream import parse_size
 
-    from .pipeline import ConvertResult, _Stages, _versions
+    from .pipeline import ConvertResult
+    from .stages import Stages, versions
 
     try:
         shard_bytes = {"target": parse_size(max_shard_size), "draft": ONE_FILE}
@@ -61,7 +62,7 @@ def convert_with_draft_model(model_path, draft_path, output_dir, overwrite: bool
     check_apart(draft_path, out, "the --draft-model")
     if Path(draft_path).expanduser().resolve() == Path(model_path).expanduser().resolve():
         raise InputError("--draft-model is the target itself; give a smaller model that shares its tokenizer")
-    stages = _Stages(progress)
+    stages = Stages(progress)
     with stages.stage("tokenizers", "Comparing the target's and the draft model's tokenizers"):
         check_tokenizers(model_path, draft_path)
     with staged_output(out, overwrite) as stage:
@@ -75,7 +76,7 @@ def convert_with_draft_model(model_path, draft_path, output_dir, overwrite: bool
             gc.collect()
         _check_draft_config(stage / "draft" / "config.json")
         manifest = {"draft_kind": "model", "source": infos["target"].to_dict(),
-                    "draft_source": infos["draft"].to_dict(), "steps": 0, "versions": _versions()}
+                    "draft_source": infos["draft"].to_dict(), "steps": 0, "versions": versions()}
         write_manifest(stage, manifest)
     summary = {"output_dir": str(out), "target_dir": str(out / "target"), "draft_dir": str(out / "draft"),
                **manifest, "timings_s": stages.timings, "peak_rss_mb": stages.peak_rss_mb}

@@ -26,25 +26,22 @@ continues from it.
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import hashlib
 import json
-import os
 import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from eagle_trt.engine.datastore_file import DATASTORE_NAME, write_datastore
+from eagle_trt.engine.datastore_file import DATASTORE_NAME
 from eagle_trt.eos import eos_token_ids
 from eagle_trt.errors import InputError, MissingDependencyError
 from eagle_trt.safetensors_stream import parse_size
 
-from .attach import attach_eagle3
-from .export import check_apart, check_output_dir, staged_output, write_draft, write_manifest, write_target
+from .export import check_apart, check_output_dir, staged_output, write_manifest, write_target
+from .head_training import attach_and_train
 from .load_target import load_target
+from .stages import Stages, versions
 
 
 @dataclass
@@ -55,98 +52,6 @@ class ConvertResult:
     target_dir: Path
     draft_dir: Path
     summary: dict = field(default_factory=dict)
-
-
-def _versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    import eagle_trt
-
-    found = {"eagle_trt": eagle_trt.__version__}
-    for dist in ("torch", "transformers", "nvidia-modelopt"):
-        try:
-            found[dist.replace("nvidia-", "")] = version(dist)
-        except PackageNotFoundError:
-            found[dist.replace("nvidia-", "")] = None
-    return found
-
-
-class _Stages:
-    """One status line per stage on stderr (stdout stays free for --json), with elapsed time."""
-
-    def __init__(self, enabled: bool):
-        self.console = None
-        if enabled:
-            from rich.console import Console
-
-            self.console = Console(stderr=True)
-        self.timings: dict[str, float] = {}
-        self.peak_rss_mb: dict[str, int] = {}  # the process's peak RSS at the end of each stage (it never falls)
-
-    @contextlib.contextmanager
-    def stage(self, name: str, message: str, spinner: bool = True):
-        """spinner=False for stages that draw their own progress bar (rich allows one live display)."""
-        start = time.perf_counter()
-        status = self.console.status(message) if self.console and spinner else contextlib.nullcontext()
-        with status:
-            yield
-        self.timings[name] = round(time.perf_counter() - start, 3)
-        self.peak_rss_mb[name] = peak_rss_mb()
-        if self.console:
-            self.console.print(f"[green]✓[/] {message} [dim]({self.timings[name]:.1f}s, peak RSS "
-                               f"{self.peak_rss_mb[name] / 1024:.1f} GB)[/]")
-
-
-def peak_rss_mb() -> int:
-    """This process's peak resident set size so far, in MiB (Linux reports ru_maxrss in KiB)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
-
-
-DATASET_FORMAT = "eagle-trt-dataset/1"
-
-
-def _file_stamp(path: Path) -> list:
-    st = path.stat()
-    return [str(path), st.st_size, st.st_mtime_ns]
-
-
-def _source_stamp(path: Path) -> list:
-    """Identity of the target weights (path, sizes, mtimes) for the work-dir cache keys."""
-    path = Path(path)
-    if path.is_file():
-        return _file_stamp(path)
-    return [_file_stamp(p) for p in sorted(path.glob("*.safetensors")) + [path / "config.json"] if p.is_file()]
-
-
-def _data_key(model_path, data, **settings) -> str:
-    specs = []
-    for spec in data:
-        p = Path(spec).expanduser()
-        specs.append(_file_stamp(p.resolve()) if p.is_file() else str(spec).lower())
-    blob = json.dumps({"format": DATASET_FORMAT, "target": _source_stamp(Path(model_path).expanduser().resolve()),
-                       "data": specs, **settings}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:32]
-
-
-def _load_or_build_dataset(work: Path, key: str, build: Callable):
-    from .data import Dataset
-
-    path = work / "dataset.json"
-    try:
-        saved = json.loads(path.read_text())
-        if saved.get("key") == key:
-            return Dataset(saved["sequences"], saved["val_prompts"], saved["stats"]), True
-    except (OSError, json.JSONDecodeError, KeyError):
-        pass
-    ds = build()
-    work.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"key": key, "sequences": ds.sequences, "val_prompts": ds.val_prompts,
-                               "stats": ds.stats}))
-    os.replace(tmp, path)
-    return ds, False
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
@@ -170,7 +75,7 @@ def _ship_head(stage: Path, tokenizer, info, head: Path, stages, calibrate_kv: b
         if (head / "report.json").is_file():
             shutil.copyfile(head / "report.json", stage / "report.json")
     manifest = {
-        "source": info.to_dict(), "steps": 0, "head_source": str(head), "versions": _versions(),
+        "source": info.to_dict(), "steps": 0, "head_source": str(head), "versions": versions(),
         "aux_layer_ids": draft_config.get("eagle_aux_hidden_state_layer_ids"),
         "draft_vocab_size": draft_config.get("draft_vocab_size"),
         "target_vocab_size": draft_config.get("vocab_size"), "rope_theta": draft_config.get("rope_theta"),
@@ -187,6 +92,44 @@ def require_modelopt() -> None:
     if importlib.util.find_spec("modelopt") is None:
         raise MissingDependencyError("convert attaches the EAGLE-3 head with NVIDIA modelopt, which is not installed",
                                      hint="pip install 'eagle-trt[convert]' (or ship a trained head with --head)")
+
+
+def _check_options(*, steps, epochs, data, head, draft_vocab_size, seq_len, max_shard_size, train_options: dict):
+    """Every option checked before anything slow runs: (train?, the TrainConfig or None, the --head dir or None,
+    the shard size in bytes)."""
+    if steps < 0:
+        raise InputError(f"--steps must be >= 0; got {steps}")
+    try:
+        max_shard_bytes = parse_size(max_shard_size)
+    except ValueError as e:
+        raise InputError(f"--max-shard-size: {e}") from None
+    if draft_vocab_size is not None and draft_vocab_size < 1:
+        raise InputError(f"--draft-vocab-size must be >= 1; got {draft_vocab_size}")
+    train = steps > 0 or epochs is not None
+    cfg = None
+    if train:
+        from .train import TrainConfig
+
+        if steps > 0 and epochs is not None:
+            raise InputError("give either --steps or --epochs, not both")
+        if not data:
+            raise InputError("training the head needs --data (.jsonl / .txt files or 'humaneval')")
+        if seq_len < 8:
+            raise InputError(f"--seq-len must be >= 8; got {seq_len}")
+        cfg = TrainConfig(steps=steps or None, epochs=epochs, **train_options)
+        cfg.validate()
+        from .data import check_specs
+
+        check_specs(data)
+    elif data:
+        raise InputError("--data is only used for training: add --steps N or --epochs N")
+    if head is not None:
+        if train:
+            raise InputError("--head ships an already trained head: drop --steps/--epochs/--data")
+        head = Path(head).expanduser()
+        if not (head / "config.json").is_file() or not (head / "model.safetensors").is_file():
+            raise InputError(f"--head '{head}' must be a dir with config.json and model.safetensors")
+    return train, cfg, head, max_shard_bytes
 
 
 def convert_model(
@@ -232,39 +175,11 @@ def convert_model(
 
         return convert_with_draft_model(model_path, draft_model, output_dir, overwrite, progress, dict(
             steps=steps, epochs=epochs, data=data, head=head, draft_vocab_size=draft_vocab_size), max_shard_size)
-    if steps < 0:
-        raise InputError(f"--steps must be >= 0; got {steps}")
-    try:
-        max_shard_bytes = parse_size(max_shard_size)
-    except ValueError as e:
-        raise InputError(f"--max-shard-size: {e}") from None
-    if draft_vocab_size is not None and draft_vocab_size < 1:
-        raise InputError(f"--draft-vocab-size must be >= 1; got {draft_vocab_size}")
-    train = steps > 0 or epochs is not None
-    cfg = None
-    if train:
-        from .train import TrainConfig
-
-        if steps > 0 and epochs is not None:
-            raise InputError("give either --steps or --epochs, not both")
-        if not data:
-            raise InputError("training the head needs --data (.jsonl / .txt files or 'humaneval')")
-        if seq_len < 8:
-            raise InputError(f"--seq-len must be >= 8; got {seq_len}")
-        cfg = TrainConfig(steps=steps or None, epochs=epochs, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
-                          ttt_steps=ttt_steps, checkpoint_every=checkpoint_every, seed=seed)
-        cfg.validate()
-        from .data import check_specs
-
-        check_specs(data)
-    elif data:
-        raise InputError("--data is only used for training: add --steps N or --epochs N")
-    if head is not None:
-        if train:
-            raise InputError("--head ships an already trained head: drop --steps/--epochs/--data")
-        head = Path(head).expanduser()
-        if not (head / "config.json").is_file() or not (head / "model.safetensors").is_file():
-            raise InputError(f"--head '{head}' must be a dir with config.json and model.safetensors")
+    train, cfg, head, max_shard_bytes = _check_options(
+        steps=steps, epochs=epochs, data=data, head=head, draft_vocab_size=draft_vocab_size, seq_len=seq_len,
+        max_shard_size=max_shard_size, train_options=dict(batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
+                                                           ttt_steps=ttt_steps, checkpoint_every=checkpoint_every,
+                                                           seed=seed))
     if head is None:
         require_modelopt()
     from .device import resolve_device
@@ -275,7 +190,7 @@ def convert_model(
     if head is not None:
         check_apart(head, out, "the --head being shipped")
     work = Path(work_dir).expanduser().absolute() if work_dir else out.parent / f".{out.name}.train"
-    stages = _Stages(progress)
+    stages = Stages(progress)
 
     with stages.stage("load", f"Loading {model_path}"):
         model, tokenizer, info = load_target(model_path)
@@ -295,7 +210,7 @@ def convert_model(
             manifest = _ship_head(stage, tokenizer, info, Path(head), stages, calibrate_kv)
         else:
             eos = _eos_ids(model, tokenizer)
-            trained = _attach_and_train(model, tokenizer, info, stage, stages, work, None if not train else dict(
+            trained = attach_and_train(model, tokenizer, info, stage, stages, work, None if not train else dict(
                 cfg=cfg, data=data, run_on=run_on, seq_len=seq_len, batch_size=batch_size, lr=lr,
                 warmup_steps=warmup_steps, ttt_steps=ttt_steps, seed=seed, regenerate=regenerate,
                 max_new_tokens=max_new_tokens, val_prompts=val_prompts, resume=resume, progress=progress,
@@ -325,59 +240,13 @@ def convert_model(
     return ConvertResult(out, out / "target", out / "draft", summary)
 
 
-def _attach_and_train(model, tokenizer, info, stage: Path, stages: _Stages, work: Path, train: dict | None,
-                      draft_vocab_size: int | None, eos: list[int]) -> tuple[dict, dict, list]:
-    """Attach the EAGLE-3 head with modelopt, train it if `train` (the training options) says so, export it to
-    stage/draft. Returns (draft config, training summary ({} untrained), held-out prompt ids)."""
-    from .device import training_matmul
-
-    training: dict = {}
-    dataset = d2t = cache = None
-    if train:
-        model.to(train["run_on"])  # regeneration and the feature cache run where the training will
-        dataset, d2t, cache = _prepare_training(
-            model, tokenizer, info, train["data"], work, stages, train["progress"], seq_len=train["seq_len"],
-            batch_size=train["batch_size"], regenerate=train["regenerate"], max_new_tokens=train["max_new_tokens"],
-            val_prompts=train["val_prompts"], draft_vocab_size=draft_vocab_size, eos=eos)
-    with stages.stage("attach", "Attaching EAGLE-3 head (modelopt)"):
-        # On the CPU: the head's seeded initialisation is then the same whatever device trains it.
-        model = attach_eagle3(model.cpu(), draft_vocab_size)
-    if train:
-        from .draft_vocab import load_d2t
-        from .train import run_config_dict, train_head
-
-        if d2t is not None:
-            load_d2t(model, d2t)
-        run_on = train["run_on"]
-        model.to(run_on)
-        run_config = run_config_dict(target=info.path, draft_vocab_size=model.eagle_config.draft_vocab_size,
-                                     aux_layer_ids=list(model.eagle_config.eagle_aux_hidden_state_layer_ids),
-                                     seq_len=train["seq_len"], lr=train["lr"], warmup_steps=train["warmup_steps"])
-        with stages.stage("train", f"Training draft head on {run_on}", spinner=False), training_matmul(run_on):
-            try:
-                result = train_head(model, cache, train["cfg"], work / "checkpoint.safetensors",
-                                    resume=train["resume"], progress=train["progress"], on_step=train["on_step"],
-                                    run_config=run_config)
-            finally:
-                model.cpu()
-        training = {"data": dataset.stats, "config": {**run_config, "batch_size": train["batch_size"],
-                                                      "ttt_steps": train["ttt_steps"], "seed": train["seed"],
-                                                      "regenerate": train["regenerate"], "device": str(run_on)},
-                    **result.summary()}
-    with stages.stage("export_draft", "Writing draft head"):
-        draft_config = write_draft(model, stage / "draft")
-        if train:  # the training text doubles as the head's prompt-lookup datastore
-            training["datastore_tokens"] = write_datastore(stage / "draft" / DATASTORE_NAME, dataset.sequences)
-    return draft_config, training, dataset.val_prompts if dataset is not None else []
-
-
 def _draft_manifest(info, steps: int, draft_config: dict, training: dict, val_prompts: list) -> tuple[dict, list]:
     """convert.json for a head made here (paths stay out of it: the checkpoint dir may be moved), and the held-out
     prompts that validation and calibration use."""
     manifest = {
         "source": info.to_dict(),
         "steps": training.get("steps", steps),
-        "versions": _versions(),
+        "versions": versions(),
         "aux_layer_ids": draft_config["eagle_aux_hidden_state_layer_ids"],
         "draft_vocab_size": draft_config["draft_vocab_size"],
         "target_vocab_size": draft_config["vocab_size"],
@@ -388,39 +257,7 @@ def _draft_manifest(info, steps: int, draft_config: dict, training: dict, val_pr
     return manifest, val_prompts
 
 
-def _prepare_training(model, tokenizer, info, data, work: Path, stages: _Stages, progress: bool, *, seq_len,
-                      batch_size, regenerate, max_new_tokens, val_prompts, draft_vocab_size, eos):
-    """Dataset (cached in the work dir), target feature cache, and d2t (None at full vocab)."""
-    from .attach import default_aux_layer_ids
-    from .data import build_dataset
-    from .device import training_matmul
-    from .draft_vocab import d2t_from_vocab, ranking, select_draft_vocab
-    from .train import build_feature_cache, load_feature_cache
-
-    key = _data_key(info.path, data, seq_len=seq_len, regenerate=regenerate,
-                    max_new_tokens=max_new_tokens if regenerate else None, val_prompts=val_prompts)
-    with stages.stage("data", "Preparing training data", spinner=not regenerate):
-        dataset, reused = _load_or_build_dataset(work, key, lambda: build_dataset(
-            data, tokenizer, seq_len, model=model, regenerate_answers=regenerate, n_val=val_prompts,
-            max_new_tokens=max_new_tokens, gen_batch_size=max(8, batch_size), progress=progress))
-    aux_ids = default_aux_layer_ids(model.config.num_hidden_layers)
-    cache_key = hashlib.sha256(json.dumps([key, aux_ids, "bfloat16"]).encode()).hexdigest()[:32]
-    device = next(model.parameters()).device
-    with stages.stage("cache", "Caching target features", spinner=False), training_matmul(device):
-        cache = load_feature_cache(work / "cache", cache_key)
-        if cache is None:
-            cache = build_feature_cache(model, dataset.sequences, aux_ids, work / "cache", cache_key,
-                                        batch_size=batch_size, progress=progress)
-    d2t = None
-    vocab = model.config.vocab_size
-    if draft_vocab_size is not None and draft_vocab_size < vocab:
-        # The head must predict the target's greedy tokens; count those first, the data's own second.
-        counts = ranking(cache.predicted_counts, cache.seen_counts)
-        d2t = d2t_from_vocab(select_draft_vocab(counts, draft_vocab_size, always=eos))
-    return dataset, d2t, cache
-
-
-def _calibrate(stage: Path, tokenizer, prompts, stages: _Stages, models=None) -> dict:
+def _calibrate(stage: Path, tokenizer, prompts, stages: Stages, models=None) -> dict:
     """FP8 KV scales for target and head (CKPT/kv_scales.safetensors) + what FP8 KV keeps of greedy output."""
     from .calibrate import calibrate_kv_scales, fp8_agreement, load_models
     from .validate import fallback_prompt_ids
@@ -433,7 +270,7 @@ def _calibrate(stage: Path, tokenizer, prompts, stages: _Stages, models=None) ->
     return result
 
 
-def _validate(stage: Path, tokenizer, prompts, training: dict, max_new_tokens: int, stages: _Stages) -> dict:
+def _validate(stage: Path, tokenizer, prompts, training: dict, max_new_tokens: int, stages: Stages) -> dict:
     """tau of the exported head on the held-out prompts; writes OUT/report.json and prints it."""
     from .validate import checkpoint_report, write_report
 

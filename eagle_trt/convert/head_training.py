@@ -1,0 +1,139 @@
+"""The head-training half of `convert`: the dataset (cached in the work dir), the target's feature cache, the draft
+vocabulary, modelopt's head attached and trained, then exported (`pipeline.py` runs these steps)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+from eagle_trt.engine.datastore_file import DATASTORE_NAME, write_datastore
+
+from .attach import attach_eagle3
+from .export import write_draft
+from .stages import Stages
+
+
+DATASET_FORMAT = "eagle-trt-dataset/1"
+
+
+def _file_stamp(path: Path) -> list:
+    st = path.stat()
+    return [str(path), st.st_size, st.st_mtime_ns]
+
+
+def _source_stamp(path: Path) -> list:
+    """Identity of the target weights (path, sizes, mtimes) for the work-dir cache keys."""
+    path = Path(path)
+    if path.is_file():
+        return _file_stamp(path)
+    return [_file_stamp(p) for p in sorted(path.glob("*.safetensors")) + [path / "config.json"] if p.is_file()]
+
+
+def _data_key(model_path, data, **settings) -> str:
+    specs = []
+    for spec in data:
+        p = Path(spec).expanduser()
+        specs.append(_file_stamp(p.resolve()) if p.is_file() else str(spec).lower())
+    blob = json.dumps({"format": DATASET_FORMAT, "target": _source_stamp(Path(model_path).expanduser().resolve()),
+                       "data": specs, **settings}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _load_or_build_dataset(work: Path, key: str, build: Callable):
+    from .data import Dataset
+
+    path = work / "dataset.json"
+    try:
+        saved = json.loads(path.read_text())
+        if saved.get("key") == key:
+            return Dataset(saved["sequences"], saved["val_prompts"], saved["stats"]), True
+    except (OSError, json.JSONDecodeError, KeyError):
+        pass
+    ds = build()
+    work.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({"key": key, "sequences": ds.sequences, "val_prompts": ds.val_prompts,
+                               "stats": ds.stats}))
+    os.replace(tmp, path)
+    return ds, False
+
+
+def attach_and_train(model, tokenizer, info, stage: Path, stages: Stages, work: Path, train: dict | None,
+                      draft_vocab_size: int | None, eos: list[int]) -> tuple[dict, dict, list]:
+    """Attach the EAGLE-3 head with modelopt, train it if `train` (the training options) says so, export it to
+    stage/draft. Returns (draft config, training summary ({} untrained), held-out prompt ids)."""
+    from .device import training_matmul
+
+    training: dict = {}
+    dataset = d2t = cache = None
+    if train:
+        model.to(train["run_on"])  # regeneration and the feature cache run where the training will
+        dataset, d2t, cache = _prepare_training(
+            model, tokenizer, info, train["data"], work, stages, train["progress"], seq_len=train["seq_len"],
+            batch_size=train["batch_size"], regenerate=train["regenerate"], max_new_tokens=train["max_new_tokens"],
+            val_prompts=train["val_prompts"], draft_vocab_size=draft_vocab_size, eos=eos)
+    with stages.stage("attach", "Attaching EAGLE-3 head (modelopt)"):
+        # On the CPU: the head's seeded initialisation is then the same whatever device trains it.
+        model = attach_eagle3(model.cpu(), draft_vocab_size)
+    if train:
+        from .draft_vocab import load_d2t
+        from .train import run_config_dict, train_head
+
+        if d2t is not None:
+            load_d2t(model, d2t)
+        run_on = train["run_on"]
+        model.to(run_on)
+        run_config = run_config_dict(target=info.path, draft_vocab_size=model.eagle_config.draft_vocab_size,
+                                     aux_layer_ids=list(model.eagle_config.eagle_aux_hidden_state_layer_ids),
+                                     seq_len=train["seq_len"], lr=train["lr"], warmup_steps=train["warmup_steps"])
+        with stages.stage("train", f"Training draft head on {run_on}", spinner=False), training_matmul(run_on):
+            try:
+                result = train_head(model, cache, train["cfg"], work / "checkpoint.safetensors",
+                                    resume=train["resume"], progress=train["progress"], on_step=train["on_step"],
+                                    run_config=run_config)
+            finally:
+                model.cpu()
+        training = {"data": dataset.stats, "config": {**run_config, "batch_size": train["batch_size"],
+                                                      "ttt_steps": train["ttt_steps"], "seed": train["seed"],
+                                                      "regenerate": train["regenerate"], "device": str(run_on)},
+                    **result.summary()}
+    with stages.stage("export_draft", "Writing draft head"):
+        draft_config = write_draft(model, stage / "draft")
+        if train:  # the training text doubles as the head's prompt-lookup datastore
+            training["datastore_tokens"] = write_datastore(stage / "draft" / DATASTORE_NAME, dataset.sequences)
+    return draft_config, training, dataset.val_prompts if dataset is not None else []
+
+
+def _prepare_training(model, tokenizer, info, data, work: Path, stages: Stages, progress: bool, *, seq_len,
+                      batch_size, regenerate, max_new_tokens, val_prompts, draft_vocab_size, eos):
+    """Dataset (cached in the work dir), target feature cache, and d2t (None at full vocab)."""
+    from .attach import default_aux_layer_ids
+    from .data import build_dataset
+    from .device import training_matmul
+    from .draft_vocab import d2t_from_vocab, ranking, select_draft_vocab
+    from .train import build_feature_cache, load_feature_cache
+
+    key = _data_key(info.path, data, seq_len=seq_len, regenerate=regenerate,
+                    max_new_tokens=max_new_tokens if regenerate else None, val_prompts=val_prompts)
+    with stages.stage("data", "Preparing training data", spinner=not regenerate):
+        dataset, reused = _load_or_build_dataset(work, key, lambda: build_dataset(
+            data, tokenizer, seq_len, model=model, regenerate_answers=regenerate, n_val=val_prompts,
+            max_new_tokens=max_new_tokens, gen_batch_size=max(8, batch_size), progress=progress))
+    aux_ids = default_aux_layer_ids(model.config.num_hidden_layers)
+    cache_key = hashlib.sha256(json.dumps([key, aux_ids, "bfloat16"]).encode()).hexdigest()[:32]
+    device = next(model.parameters()).device
+    with stages.stage("cache", "Caching target features", spinner=False), training_matmul(device):
+        cache = load_feature_cache(work / "cache", cache_key)
+        if cache is None:
+            cache = build_feature_cache(model, dataset.sequences, aux_ids, work / "cache", cache_key,
+                                        batch_size=batch_size, progress=progress)
+    d2t = None
+    vocab = model.config.vocab_size
+    if draft_vocab_size is not None and draft_vocab_size < vocab:
+        # The head must predict the target's greedy tokens; count those first, the data's own second.
+        counts = ranking(cache.predicted_counts, cache.seen_counts)
+        d2t = d2t_from_vocab(select_draft_vocab(counts, draft_vocab_size, always=eos))
+    return dataset, d2t, cache
