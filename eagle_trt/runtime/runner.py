@@ -195,15 +195,7 @@ class Runner:
             choices = chain_choices(opts.draft_length) if opts.tree == "chain" else (
                 opts.static_tree or trim_choices(DEFAULT_STATIC_TREE, opts.draft_length, opts.total_tokens))
             layouts = _StaticLayouts(choices)
-        index = NgramIndex() if opts.lookup_tokens > 0 else None
-        if index is not None:
-            index.extend(prompt_ids)
-            plain_emit = emit
-
-            def emit(tokens: list[int]) -> bool:  # noqa: F811 - the same emit, keeping the lookup index current
-                index.extend(tokens)
-                return plain_emit(tokens)
-
+        index, emit = _indexed(prompt_ids, emit) if opts.lookup_tokens > 0 else (None, emit)
         ids = torch.tensor(prompt_ids)
         need_aux = self.drafter.needs_features  # the target's layer features, only for a drafter that reads them
         t = time.perf_counter()
@@ -217,21 +209,10 @@ class Runner:
         misses = 0  # verify steps in a row that accepted no draft token
         while True:
             if opts.fallback_after and misses >= opts.fallback_after:
-                # The drafter keeps missing: decode plainly for a while (same target, same p: still lossless),
-                # then catch the drafter up on the new tokens in one batch.
-                metrics.fallbacks += 1
-                feats, nexts = [], []
-                for _ in range(opts.fallback_tokens):
-                    nxt, feat = self._plain_step(root, need_aux=need_aux)
-                    feats.append(feat)
-                    nexts.append(nxt)
-                    metrics.fallback_tokens += 1
-                    if emit([nxt]):
-                        return
-                    root = nxt
-                t = time.perf_counter()
-                self.drafter.extend(torch.cat(feats) if need_aux else None, torch.tensor(nexts))
-                carry_draft_s, misses = time.perf_counter() - t, 0
+                root, carry_draft_s = self._fallback(root, opts.fallback_tokens, need_aux, emit, metrics)
+                if root is None:
+                    return
+                misses = 0
             n = self.cache.length
             # The deepest node sits at position n + depth: no node (drafted or copied) goes deeper than the tokens
             # still to emit, nor past the model's last position.
@@ -254,28 +235,16 @@ class Runner:
             # One target forward over root + tree; node i sits at position n + depth(i).
             hidden, aux = self.target.hidden_states(tree.tokens, tree.positions(n), self.cache, tree.mask,
                                                     need_aux=need_aux)
-            if self._params.greedy and opts.posterior_threshold is None:
-                target_next = self._greedy_next(tree, hidden)
-                path, bonus = verify_greedy(tree, target_next)
-                if bonus < 0:
-                    bonus = int(self.target.greedy(hidden[path[-1:]])[0])
-            else:
-                logits = self.target.logits(hidden)
-                outcome = verify_sampling(tree, processed_probs(logits, self._params) if not self._params.greedy
-                                          else torch.softmax(logits.float(), -1), self._gen,
-                                          opts.posterior_threshold, opts.posterior_alpha, proposals)
-                path, bonus = outcome.path, outcome.bonus
-                metrics.rejections += outcome.rejections
+            path, bonus = self._accept(tree, hidden, opts, proposals, metrics)
             # Keep the accepted path's K/V, packed right after the prefix; the rest is dead space.
             self.cache.compact(n, path)
             self.cache.length = n + path.numel()
             t_done = time.perf_counter()
             accepted = tree.tokens[path[1:]].tolist()
-            step = StepRecord(len(accepted), tree.size, tree.depth, carry_draft_s + (t_verify - t_draft),
-                              t_done - t_verify, lookup_accepted=int((path >= drafted).sum()),
-                              lookup_size=tree.tokens.numel() - drafted, datastore_accepted=int((path >= copied).sum()),
-                              datastore_size=tree.tokens.numel() - copied)
-            metrics.steps.append(step)
+            metrics.steps.append(StepRecord(
+                len(accepted), tree.size, tree.depth, carry_draft_s + (t_verify - t_draft), t_done - t_verify,
+                lookup_accepted=int((path >= drafted).sum()), lookup_size=tree.tokens.numel() - drafted,
+                datastore_accepted=int((path >= copied).sum()), datastore_size=tree.tokens.numel() - copied))
             misses = misses + 1 if not accepted else 0
             if emit(accepted + [bonus]):
                 return
@@ -283,6 +252,39 @@ class Runner:
             t = time.perf_counter()
             self.drafter.extend(aux[path] if need_aux else None, torch.tensor(accepted + [bonus]))
             carry_draft_s = time.perf_counter() - t
+
+    def _fallback(self, root: int, tokens: int, need_aux: bool, emit, metrics) -> tuple[int | None, float]:
+        """The drafter keeps missing: decode `tokens` plainly (same target, same p: still lossless), then catch the
+        drafter up on them in one batch. Returns (the next root, or None when generation ended; the catch-up time)."""
+        metrics.fallbacks += 1
+        feats, nexts = [], []
+        for _ in range(tokens):
+            nxt, feat = self._plain_step(root, need_aux=need_aux)
+            feats.append(feat)
+            nexts.append(nxt)
+            metrics.fallback_tokens += 1
+            if emit([nxt]):
+                return None, 0.0
+            root = nxt
+        t = time.perf_counter()
+        self.drafter.extend(torch.cat(feats) if need_aux else None, torch.tensor(nexts))
+        return root, time.perf_counter() - t
+
+    def _accept(self, tree: Tree, hidden: torch.Tensor, opts: DecodeOptions, proposals, metrics
+                ) -> tuple[torch.Tensor, int]:
+        """The accepted path (node indices, root first) and the bonus token: greedy, the longest path the target's
+        argmax agrees with; at T > 0 (or with typical acceptance), multi-branch rejection sampling."""
+        if self._params.greedy and opts.posterior_threshold is None:
+            path, bonus = verify_greedy(tree, self._greedy_next(tree, hidden))
+            if bonus < 0:
+                bonus = int(self.target.greedy(hidden[path[-1:]])[0])
+            return path, bonus
+        logits = self.target.logits(hidden)
+        p = (processed_probs(logits, self._params) if not self._params.greedy
+             else torch.softmax(logits.float(), -1))
+        outcome = verify_sampling(tree, p, self._gen, opts.posterior_threshold, opts.posterior_alpha, proposals)
+        metrics.rejections += outcome.rejections
+        return outcome.path, outcome.bonus
 
     def _draft(self, root: int, opts: DecodeOptions, layouts: "_StaticLayouts | None",
                room: int) -> tuple[Tree, dict[int, torch.Tensor] | None]:
@@ -332,6 +334,18 @@ class Runner:
         vocab = self.target.spec.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise InputError(f"prompt token ids must lie in [0, {vocab})")
+
+
+def _indexed(prompt_ids: list[int], emit) -> tuple[NgramIndex, Callable[[list[int]], bool]]:
+    """A prompt-lookup index over the prompt, and `emit` that keeps it current with every emitted token."""
+    index = NgramIndex()
+    index.extend(prompt_ids)
+
+    def indexed_emit(tokens: list[int]) -> bool:
+        index.extend(tokens)
+        return emit(tokens)
+
+    return index, indexed_emit
 
 
 class _StaticLayouts:
