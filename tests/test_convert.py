@@ -311,3 +311,29 @@ def test_failure_leaves_no_partial_output(tiny, tmp_path, monkeypatch):
         convert_model(tiny, old, overwrite=True, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]
     assert (old / "keep.txt").read_text() == "previous checkpoint"
+
+
+def test_convert_lets_go_of_the_loaded_model(tiny, tmp_path):
+    """The HF model convert loaded is freed once the checkpoint is written, before calibration loads its own copy
+    (a real model would otherwise be held twice). In a fresh interpreter: the first import of modelopt is what used
+    to keep it alive."""
+    import subprocess
+    import sys
+
+    code = f"""
+import gc, weakref
+import eagle_trt.convert.pipeline as pipeline
+seen, real_load, real_calibrate = [], pipeline.load_target, pipeline._calibrate
+def load(path):
+    model, tok, info = real_load(path)
+    seen.append(weakref.ref(model))
+    return model, tok, info
+def calibrate(*a, **k):
+    gc.collect()
+    assert seen and seen[0]() is None, "the loaded model is still alive during calibration"
+    return real_calibrate(*a, **k)
+pipeline.load_target, pipeline._calibrate = load, calibrate
+pipeline.convert_model({str(tiny)!r}, {str(tmp_path / "ckpt")!r}, progress=False)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -15,6 +15,7 @@ Llama and use rope_theta=10000, which would silently mis-rotate positions for e.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 
 DRAFT_INIT_SEED = 0
@@ -66,6 +67,13 @@ def eagle3_architecture(config, draft_vocab_size: int | None = None) -> dict:
         # modelopt's default is bfloat16; the exported config must describe the fp32 weights.
         "torch_dtype": "float32",
     }
+
+
+def import_modelopt() -> None:
+    """Import modelopt's speculative-decoding package now, while no model exists. Importing it keeps the frames that
+    ran the import alive (one of its modules holds its caller's frame), and a frame that held a model as a local
+    keeps that model alive after convert is done with it: gigabytes for a real model."""
+    importlib.import_module("modelopt.torch.speculative")
 
 
 def attach_eagle3(model, draft_vocab_size: int | None = None, seed: int = DRAFT_INIT_SEED):

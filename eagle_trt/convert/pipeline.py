@@ -38,6 +38,7 @@ from eagle_trt.eos import eos_token_ids
 from eagle_trt.errors import InputError, MissingDependencyError
 from eagle_trt.safetensors_stream import parse_size
 
+from .attach import import_modelopt
 from .export import check_apart, check_output_dir, staged_output, write_manifest, write_target
 from .head_training import attach_and_train
 from .load_target import load_target
@@ -182,6 +183,7 @@ def convert_model(
                                                            seed=seed))
     if head is None:
         require_modelopt()
+        import_modelopt()  # before the model loads: see attach.import_modelopt
     from .device import resolve_device
 
     run_on = resolve_device(device) if train else None
