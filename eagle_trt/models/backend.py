@@ -42,10 +42,9 @@ def unfit(spec) -> str | None:
     return None
 
 
-def choose_backend(dtype: torch.dtype, spec, device: torch.device | str = "cpu",
-                   inputs: list[int] | None = None):
-    """The backend for a model of this dtype and layer shape (`inputs`: its projections' input sizes, which decide
-    whether the AMX kernel takes them; default the target's)."""
+def choose_backend(dtype: torch.dtype, spec, device: torch.device | str = "cpu"):
+    """The backend for a target of this dtype and layer shape (an EAGLE-3 head takes its target's: see
+    `Eagle3DraftHead`)."""
     device = torch.device(device)
     if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return TorchBackend(dtype, device)
@@ -58,5 +57,5 @@ def choose_backend(dtype: torch.dtype, spec, device: torch.device | str = "cpu",
     from eagle_trt.models.native.backend import NativeBackend
 
     amx = lib.backend == "amx" and dtype == torch.bfloat16 and all(
-        native_gemm.amx_fits(k) for k in (inputs or projection_inputs(spec)))
+        native_gemm.amx_fits(k) for k in projection_inputs(spec))
     return NativeBackend(lib, dtype, amx=amx)
