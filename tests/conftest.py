@@ -1,7 +1,9 @@
 """Shared fixtures: tiny random models built from inline configs (nothing is downloaded)."""
 
 import json
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -15,7 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(int(os.environ.get("EAGLE_TRT_TEST_THREADS", "1")))
 # Engines' runtime weight layouts (models/weight_cache.py) go to a dir of this run's, not the user's cache: every test
 # that opens an engine twice reads it back from there.
-os.environ.setdefault("EAGLE_TRT_WEIGHT_CACHE", tempfile.mkdtemp(prefix="eagle-trt-test-weights-"))
+if "EAGLE_TRT_WEIGHT_CACHE" not in os.environ:
+    os.environ["EAGLE_TRT_WEIGHT_CACHE"] = tempfile.mkdtemp(prefix="eagle-trt-test-weights-")
+    atexit.register(shutil.rmtree, os.environ["EAGLE_TRT_WEIGHT_CACHE"], ignore_errors=True)
 sys.path.insert(0, str(REPO / "scripts"))
 
 from make_tiny_model import TINY_CONFIG, make_tiny_model  # noqa: E402
