@@ -72,7 +72,8 @@ def test_a_rebuilt_engine_or_a_damaged_file_is_made_again(engine, tmp_path):
     data["files"]["target/model.safetensors"]["sha256"] = "0" * 64  # what a rebuild with new weights changes
     manifest.write_text(json.dumps(data))
     Session.open(engine, verify=False)
-    assert len(list((tmp_path / "weights").glob("target-*.bin"))) == 2
+    layouts = list((tmp_path / "weights").glob("target-*.bin"))
+    assert len(layouts) == 1 and layouts[0] != target_file  # a new layout, and the stale one gone
 
 
 def test_off_writes_nothing(tiny_checkpoint, tmp_path, monkeypatch):
@@ -96,3 +97,16 @@ def test_file_round_trip_keeps_bytes_and_alignment(tmp_path):
         assert got[name].dtype == t.dtype and torch.equal(got[name], t)
         assert got[name].data_ptr() % weight_cache.ALIGN == 0 or t.numel() == 0
     assert weight_cache.read(tmp_path / "missing.bin") is None
+
+
+def test_a_rebuild_replaces_its_old_layout(engine, tmp_path):
+    """Rebuilding an engine in place leaves one layout per role in the cache, not one per build."""
+    from typer.testing import CliRunner
+
+    from eagle_trt.cli.app import app
+
+    before = sorted(p.name for p in (tmp_path / "weights").glob("*.bin"))
+    r = CliRunner().invoke(app, ["build", "-c", str(tmp_path / "cfg.yaml"), "-o", str(engine)])
+    assert r.exit_code == 0, r.output
+    after = sorted(p.name for p in (tmp_path / "weights").glob("*.bin"))
+    assert len(after) == len(before) == 2 and after != before  # new files (new mtimes), the old ones gone

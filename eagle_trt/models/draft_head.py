@@ -119,7 +119,7 @@ class Eagle3DraftHead:
             w = {k.replace("midlayer.", "layers.0.", 1): t for k, t in w.items()}
         head = cls(spec, w, target, dtype, hidden_prenorm=not official, source=src)
         if path is not None:
-            weight_cache.write(path, *head.runtime_state(target))
+            weight_cache.write(path, *head.runtime_state(target), source=draft_dir)
         return head
 
     _PROJECTIONS = ("fc", "qkv", "o", "gate_up", "down")

@@ -85,7 +85,7 @@ class LlamaTarget:
                 pass  # a file this code cannot read: made again below
         model = cls.from_state_dict(spec, LazyTensors(model_dir, dtype), dtype, model_dir, backend=backend)
         if path is not None:
-            weight_cache.write(path, *model.runtime_state())
+            weight_cache.write(path, *model.runtime_state(), source=model_dir)
         return model
 
     def runtime_state(self) -> tuple[dict[str, torch.Tensor], dict]:

@@ -72,8 +72,11 @@ def cache_path(model_dir: str | Path, role: str, backend_key: str) -> Path | Non
     return root / f"{role}-{hashlib.sha256(blob).hexdigest()[:24]}.bin"
 
 
-def write(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    """Store the tensors and meta atomically; a cache that cannot be written is skipped (it only saves time)."""
+def write(path: Path, tensors: dict[str, torch.Tensor], meta: dict, source: str | Path | None = None) -> None:
+    """Store the tensors and meta atomically; a cache that cannot be written is skipped (it only saves time).
+    `source` (the model dir the layout was made from): layouts stored earlier for the same dir and backend, which a
+    rebuilt engine has made stale, are removed, so rebuilding an engine does not pile up layouts."""
+    source = str(Path(source).resolve()) if source is not None else None
     entries, offset = {}, 0
     for name, t in tensors.items():
         offset = -(-offset // ALIGN) * ALIGN
@@ -81,7 +84,8 @@ def write(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         entries[name] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "offset": offset,
                          "bytes": nbytes}
         offset += nbytes
-    header = json.dumps({"format": FORMAT, "meta": meta, "tensors": entries}).encode()
+    header = json.dumps({"format": FORMAT, "meta": meta, "tensors": entries, "source": source,
+                         "slot": path.name.rsplit("-", 1)[0]}).encode()
     base = -(-(len(_MAGIC) + 8 + len(header)) // ALIGN) * ALIGN
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,6 +107,33 @@ def write(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    if source is not None:
+        _drop_stale(path, source)
+
+
+def _drop_stale(kept: Path, source: str) -> None:
+    """Remove the other layouts made from `source` for the same role (what the file name starts with)."""
+    slot = kept.name.rsplit("-", 1)[0]
+    for other in kept.parent.glob(f"{slot}-*.bin"):
+        if other == kept:
+            continue
+        header = _header(other)
+        if header is not None and header.get("source") == source and header.get("slot") == slot:
+            try:
+                other.unlink()
+            except OSError:
+                pass
+
+
+def _header(path: Path) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(_MAGIC)) != _MAGIC:
+                return None
+            (n,) = struct.unpack("<Q", f.read(8))
+            return json.loads(f.read(n))
+    except (OSError, ValueError, struct.error):
+        return None
 
 
 def read(path: Path | None) -> tuple[dict[str, torch.Tensor], dict] | None:
