@@ -76,3 +76,23 @@ def test_run_does_not_import_transformers(tiny_checkpoint, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, str(engine)], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr
+
+
+def test_templates_with_generation_blocks_and_helpers_render(tmp_path):
+    """The template features transformers offers: {% generation %} blocks, loop controls, tojson keeping non-ASCII,
+    raise_exception."""
+    import jinja2
+
+    from make_tiny_model import make_tokenizer
+
+    tok = make_tokenizer()
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'skip' %}{% continue %}{% endif %}"
+                         "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}{% endgeneration %}"
+                         "{% else %}{{ m | tojson }}{% endif %}{% endfor %}"
+                         "{% if messages | length > 3 %}{{ raise_exception('too long') }}{% endif %}")
+    tok.save_pretrained(tmp_path)
+    ours = Tokenizer.load(tmp_path)
+    msgs = [{"role": "user", "content": "é"}, {"role": "skip", "content": "x"}, {"role": "assistant", "content": "ok"}]
+    assert ours.apply_chat_template(msgs, tokenize=False) == '{"role": "user", "content": "é"}ok'
+    with pytest.raises(jinja2.exceptions.TemplateError, match="too long"):
+        ours.apply_chat_template(msgs + msgs, tokenize=False)
