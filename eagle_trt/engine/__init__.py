@@ -10,19 +10,19 @@ torch and safetensors are imported only when a build or a hash needs them; tenso
 inside eagle_trt.engine.trtllm_backend, when a trtllm engine is validated or run.
 """
 
-from eagle_trt.engine.builder import BuildSummary, build_engine
-from eagle_trt.engine.checkpoint import inspect_checkpoint
-from eagle_trt.engine.engine_dir import EngineDir, open_engine
-from eagle_trt.engine.manifest import Manifest, read_manifest, sha256_file, write_manifest
+import importlib
 
-__all__ = [
-    "BuildSummary",
-    "EngineDir",
-    "Manifest",
-    "build_engine",
-    "inspect_checkpoint",
-    "open_engine",
-    "read_manifest",
-    "sha256_file",
-    "write_manifest",
-]
+# Imported on first use: opening an engine to run it needs engine_dir alone, not the builder and the TensorRT-LLM
+# bundle writers behind it (a start pays only for what it uses).
+_WHERE = {
+    "BuildSummary": "builder", "build_engine": "builder", "inspect_checkpoint": "checkpoint", "EngineDir": "engine_dir",
+    "open_engine": "engine_dir", "Manifest": "manifest", "read_manifest": "manifest", "sha256_file": "manifest",
+    "write_manifest": "manifest",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'eagle_trt.engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"eagle_trt.engine.{_WHERE[name]}"), name)
