@@ -5,8 +5,9 @@
     python scripts/kernel_timings.py --engine ENGINE --parts --threads 2   # one forward by parts at 1, 16, 17 rows
     EAGLE_TRT_ISA=avx2 python scripts/kernel_timings.py ...                # the AVX2 kernels on a bigger CPU
 
-Times are medians over repeats, in ms; variants alternate within every repeat. Scratch measurements: compare runs
-made back to back (the machines here drift within minutes).
+Times are in ms, the median over repeats and, in parentheses, the minimum (the machines here are shared: a repeat
+that lost a core to another process shows in the median, rarely in the minimum); variants alternate within every
+repeat. Scratch measurements: compare runs made back to back.
 """
 
 from __future__ import annotations
@@ -22,15 +23,27 @@ from eagle_trt.models.gemm import Projection, prepack_enabled
 from eagle_trt.models.layers import attention, attention_fp64
 
 
+class Timing(float):
+    """Median seconds (the float's value), with the minimum beside it."""
+
+    def __new__(cls, samples: list[float]):
+        t = super().__new__(cls, statistics.median(samples))
+        t.min = min(samples)
+        return t
+
+    def ms(self, scale: float = 1.0) -> str:
+        return f"{self * 1e3 * scale:.3f} ({self.min * 1e3 * scale:.3f})"
+
+
 def interleaved(cases: dict, reps: int) -> dict:
-    """Median seconds of each zero-argument callable, all taking turns within every repeat."""
+    """Timing of each zero-argument callable, all taking turns within every repeat."""
     times: dict = {}
     for _ in range(reps):
         for name, fn in cases.items():
             start = time.perf_counter()
             fn()
             times.setdefault(name, []).append(time.perf_counter() - start)
-    return {name: statistics.median(v) for name, v in times.items()}
+    return {name: Timing(v) for name, v in times.items()}
 
 
 def projections(reps: int) -> None:
@@ -38,7 +51,7 @@ def projections(reps: int) -> None:
     from eagle_trt.models.native.gemm import NativeProjection
 
     lib = native.library()
-    print(f"projection [576 x 3072], ms per call (GB/s of weights at one row); kernels: "
+    print(f"projection [576 x 3072], ms per call, median (min) [weight GB/s at one row, from the min]; kernels: "
           f"{lib.backend if lib else 'none: ' + str(native.unavailable())}")
     for dtype in (torch.float32, torch.bfloat16):
         ws = [torch.randn(576, 3072).to(dtype) for _ in range(30)]
@@ -57,7 +70,7 @@ def projections(reps: int) -> None:
                 calls["oneDNN prepacked"] = lambda ps=kinds["oneDNN prepacked"]: [p._packed(x) for p in ps]
             t = interleaved(calls, reps)
             gb = 576 * 3072 * ws[0].element_size() * 30 / 1e9
-            cells = [f"{name} {t[name] / 30 * 1e3:.3f}" + (f" ({gb / t[name]:.0f})" if rows == 1 else "")
+            cells = [f"{name} {t[name].ms(1 / 30)}" + (f" [{gb / t[name].min:.0f} GB/s]" if rows == 1 else "")
                      for name in calls]
             print(f"  {str(dtype):15} rows={rows:2}  " + "  ".join(cells))
 
@@ -69,7 +82,7 @@ def attentions(reps: int) -> None:
         from eagle_trt.models.native.ops import Attention
 
         kernel = Attention(lib)
-    print("attention of one layer (9 q heads, 3 kv heads, d=64), ms:")
+    print("attention of one layer (9 q heads, 3 kv heads, d=64), ms, median (min):")
     for dtype in (torch.float32, torch.bfloat16):
         for t, s in ((1, 300), (17, 300), (17, 1000)):
             q, k, v = (torch.randn(9, t, 64).to(dtype), torch.randn(3, s, 64).to(dtype),
@@ -79,7 +92,7 @@ def attentions(reps: int) -> None:
             if kernel is not None:
                 calls["row-invariant kernel"] = lambda: kernel(q, k, v, mask)
             m = interleaved(calls, reps)
-            print(f"  {str(dtype):15} T={t:2} S={s:4}  " + "  ".join(f"{n} {m[n] * 1e3:.3f}" for n in calls))
+            print(f"  {str(dtype):15} T={t:2} S={s:4}  " + "  ".join(f"{n} {m[n].ms()}" for n in calls))
 
 
 def _engine(engine: str):
@@ -138,9 +151,10 @@ def forward_parts(engine: str, reps: int, context: int = 300) -> None:
         calls[("draft head forward", t)] = lambda a=(feats, torch.arange(t) + 7, torch.full((t,), context), m): \
             head.forward(a[0], a[1], a[2], hcache, context, a[3])
     med = interleaved(calls, reps)
-    print(f"{e.config.dtype} target, kernels {target.backend.name}, {context} cached tokens, median of {reps}, ms:")
+    print(f"{e.config.dtype} target, kernels {target.backend.name}, {context} cached tokens, {reps} repeats, ms, "
+          "median (min):")
     for name in dict.fromkeys(n for n, _ in calls):
-        print(f"  {name:23} " + "   ".join(f"T={t:2} {med[(n, t)] * 1e3:7.2f}" for n, t in calls if n == name))
+        print(f"  {name:23} " + "   ".join(f"T={t:2} {med[(n, t)].ms()}" for n, t in calls if n == name))
 
 
 def main() -> None:
