@@ -177,7 +177,7 @@ def main() -> None:
               f"medians of {args.repeats}, ms")
         compare_projections(builds, weights, [int(r) for r in args.rows.split(",")], args.repeats, g)
         cases = {}
-        for q_rows, cached in ((1, 300), (8, 300), (16, 300), (16, 1000)):
+        for q_rows, cached in ((1, 300), (8, 300), (16, 300), (16, 1000), (16, 1024)):
             q = torch.randn(spec.num_heads, q_rows, spec.head_dim, generator=g).to(dtype)
             k, v = (torch.randn(spec.num_kv_heads, cached, spec.head_dim, generator=g).to(dtype) for _ in range(2))
             mask = None if q_rows == 1 else torch.cat([torch.ones(q_rows, cached - q_rows, dtype=torch.bool),

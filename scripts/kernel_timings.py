@@ -84,7 +84,7 @@ def attentions(reps: int) -> None:
         kernel = Attention(lib)
     print("attention of one layer (9 q heads, 3 kv heads, d=64), ms, median (min):")
     for dtype in (torch.float32, torch.bfloat16):
-        for t, s in ((1, 300), (17, 300), (17, 1000)):
+        for t, s in ((1, 300), (17, 300), (17, 1000), (16, 1024)):
             q, k, v = (torch.randn(9, t, 64).to(dtype), torch.randn(3, s, 64).to(dtype),
                        torch.randn(3, s, 64).to(dtype))
             mask = None if t == 1 else torch.ones(t, s, dtype=torch.bool)

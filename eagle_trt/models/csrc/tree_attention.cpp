@@ -68,8 +68,9 @@ struct Buffer {
     ~Buffer() { std::free(p); }
 };
 
-// Per call: K transposed to [Hkv][D][Sp] and V to [Hkv][S][Dp], both fp32, so a score is one lane's sequential
-// sum over head_dim (whatever lane its key lands in) and an output element one lane's sum over the keys.
+// Per call: K transposed to [Hkv][D][Sp] in fp32, so a score is one lane's sequential sum over head_dim (whatever lane
+// its key lands in); V to [Hkv][S][Dp] fp32 only where head_dim is not a whole number of vectors (else the sums read
+// V where it is, see Values). An output element is one lane's sum over the keys either way.
 void convert_kv(const Layout& L, const void* k, int64_t k_sh, int64_t k_sr, const void* v, int64_t v_sh,
                 int64_t v_sr, int bf16, float* kt, float* vv, int hk, int j0, int j1) {
     float row[1024];
@@ -79,10 +80,20 @@ void convert_kv(const Layout& L, const void* k, int64_t k_sh, int64_t k_sr, cons
             float* dst = kt + (int64_t)hk * L.D * L.Sp + j;
             for (int d = 0; d < L.D; ++d) dst[(int64_t)d * L.Sp] = row[d];
         }
+        if (!vv) continue;  // null when the sums read V where it is (see Values)
         float* vd = vv + ((int64_t)hk * L.S + j) * L.Dp;
         to_float(v, (int64_t)hk * v_sh + (int64_t)j * v_sr, bf16, L.D, vd);
         for (int d = L.D; d < L.Dp; ++d) vd[d] = 0.0f;
     }
+}
+
+// Slots of a padded row of scores (K transposed, raw scores): S rounded up to a multiple of 16 (whole vectors, whole
+// AMX key tiles), then to an odd multiple, so that the rows of K, 4 * Sp bytes apart, spread over every set of the
+// L1 cache instead of landing in a few (a row stride of 4 KB put all 64 rows of a head in one set, and a pass over
+// them missed the cache at every row). Padding slots score 0 and are never listed: the results do not depend on Sp.
+inline int padded_keys(int S) {
+    const int sp = (S + 15) / 16 * 16;
+    return (sp / 16) % 2 ? sp : sp + 16;
 }
 
 // One thread's working memory, reused across calls (see Buffer).
@@ -107,42 +118,52 @@ struct Scratch {
     }
 };
 
+// The values of one KV head: row j at base + j * ld, in fp32 or bf16 (widened exactly on load). Either the caller's
+// V itself (a cache's rows, when head_dim is a whole number of vectors) or its fp32 copy with padded rows.
+struct Values {
+    const void* base;
+    int64_t ld;
+    int bf16;
+};
+
 // acc[d] = sum over i of p[i] * v[idx[i]][d] (p >= 0, splat from memory: simd.h, vsplat): even i and odd i summed
 // apart, in order, then added (two chains in flight per lane; the order depends on i and n only). C vectors per
 // row, kept in registers.
-template <int C>
-inline void weighted_sum(const float* v, const int* idx, const float* p, int n, int Dp, float* acc) {
+template <int C, typename V>
+inline void weighted_sum(const V* v, int64_t ld, const int* idx, const float* p, int n, float* acc) {
+    using E = Elem<V>;
     vf a[C], b[C];
     for (int c = 0; c < C; ++c) a[c] = b[c] = vf{};
     int i = 0;
     for (; i + 1 < n; i += 2) {
-        const float* r0 = v + (int64_t)idx[i] * Dp;
-        const float* r1 = v + (int64_t)idx[i + 1] * Dp;
+        const V* r0 = v + (int64_t)idx[i] * ld;
+        const V* r1 = v + (int64_t)idx[i + 1] * ld;
         const vf p0 = vsplat(p + i), p1 = vsplat(p + i + 1);
         for (int c = 0; c < C; ++c) {
-            a[c] = vfma(vload(r0 + c * kLanes), p0, a[c]);
-            b[c] = vfma(vload(r1 + c * kLanes), p1, b[c]);
+            a[c] = vfma(E::load(r0 + c * kLanes), p0, a[c]);
+            b[c] = vfma(E::load(r1 + c * kLanes), p1, b[c]);
         }
     }
     if (i < n) {
-        const float* r0 = v + (int64_t)idx[i] * Dp;
+        const V* r0 = v + (int64_t)idx[i] * ld;
         const vf pi = vsplat(p + i);
-        for (int c = 0; c < C; ++c) a[c] = vfma(vload(r0 + c * kLanes), pi, a[c]);
+        for (int c = 0; c < C; ++c) a[c] = vfma(E::load(r0 + c * kLanes), pi, a[c]);
     }
     for (int c = 0; c < C; ++c) vstore(acc + c * kLanes, a[c] + b[c]);
 }
 
 // The same sums for GB query heads at once (one pass over the values for all of them; each head's lanes sum over
 // i in order). acc: GB rows of Dp.
-template <int C, int GB>
-inline void weighted_sum_heads(const float* v, const int* idx, const float* p, int Sp, int n, int Dp, float* acc) {
+template <int C, int GB, typename V>
+inline void weighted_sum_heads(const V* v, int64_t ld, const int* idx, const float* p, int Sp, int n, int Dp,
+                               float* acc) {
     vf a[GB][C];
     for (int g = 0; g < GB; ++g)
         for (int c = 0; c < C; ++c) a[g][c] = vf{};
     for (int i = 0; i < n; ++i) {
-        const float* row = v + (int64_t)idx[i] * Dp;
+        const V* row = v + (int64_t)idx[i] * ld;
         vf r[C];
-        for (int c = 0; c < C; ++c) r[c] = vload(row + c * kLanes);
+        for (int c = 0; c < C; ++c) r[c] = Elem<V>::load(row + c * kLanes);
         for (int g = 0; g < GB; ++g) {
             const vf pi = vsplat(p + g * Sp + i);
             for (int c = 0; c < C; ++c) a[g][c] = vfma(r[c], pi, a[g][c]);
@@ -154,22 +175,37 @@ inline void weighted_sum_heads(const float* v, const int* idx, const float* p, i
 
 // Output sums for all G heads of a row: heads in groups that fit the registers (at most 12 accumulators), else one
 // head at a time. The grouping depends on G and head_dim only, so every call for a model takes the same path.
-template <int C>
-inline void weighted_sums(const float* v, const int* idx, const float* p, int Sp, int n, int Dp, int G, float* acc) {
+template <int C, typename V>
+inline void weighted_sums(const V* v, int64_t ld, const int* idx, const float* p, int Sp, int n, int Dp, int G,
+                          float* acc) {
     constexpr int GB = 12 / C >= 4 ? 4 : 12 / C;
     int g = 0;
     if constexpr (GB >= 2) {
-        for (; g + GB <= G; g += GB) weighted_sum_heads<C, GB>(v, idx, p + g * Sp, Sp, n, Dp, acc + g * Dp);
+        for (; g + GB <= G; g += GB) weighted_sum_heads<C, GB>(v, ld, idx, p + g * Sp, Sp, n, Dp, acc + g * Dp);
     }
-    for (; g < G; ++g) weighted_sum<C>(v, idx, p + g * Sp, n, Dp, acc + g * Dp);
+    for (; g < G; ++g) weighted_sum<C>(v, ld, idx, p + g * Sp, n, acc + g * Dp);
 }
 
-inline void weighted_sum_any(const float* v, const int* idx, const float* p, int n, int Dp, float* acc) {
+template <typename V>
+inline void weighted_sum_any(const V* v, int64_t ld, const int* idx, const float* p, int n, int Dp, float* acc) {
     std::memset(acc, 0, sizeof(float) * Dp);
     for (int i = 0; i < n; ++i) {
-        const float* row = v + (int64_t)idx[i] * Dp;
+        const V* row = v + (int64_t)idx[i] * ld;
         const vf pi = vsplat(p + i);
-        for (int c = 0; c < Dp; c += kLanes) vstore(acc + c, vfma(vload(row + c), pi, vload(acc + c)));
+        for (int c = 0; c < Dp; c += kLanes) vstore(acc + c, vfma(Elem<V>::load(row + c), pi, vload(acc + c)));
+    }
+}
+
+// Every head's output sums of one row, from the values in their element type.
+template <typename V>
+void all_sums(const V* v, int64_t ld, const int* idx, const float* p, int Sp, int n, int Dp, int G, float* acc) {
+    switch (Dp / kLanes) {
+        case 1: weighted_sums<1>(v, ld, idx, p, Sp, n, Dp, G, acc); break;
+        case 2: weighted_sums<2>(v, ld, idx, p, Sp, n, Dp, G, acc); break;
+        case 4: weighted_sums<4>(v, ld, idx, p, Sp, n, Dp, G, acc); break;
+        case 8: weighted_sums<8>(v, ld, idx, p, Sp, n, Dp, G, acc); break;
+        default:
+            for (int g = 0; g < G; ++g) weighted_sum_any(v, ld, idx, p + g * Sp, n, Dp, acc + g * Dp);
     }
 }
 
@@ -316,7 +352,7 @@ inline void store_rows(const float* acc, const float* sums, int G, int D, int Dp
 }
 
 // One row's softmax and output for its G query heads, from that row's scores of every slot (raw: [G][Sp]).
-void finish_row(const Layout& L, int t, int hk, const float* raw, const float* vv, const uint8_t* mask, void* out,
+void finish_row(const Layout& L, int t, int hk, const float* raw, const Values& vals, const uint8_t* mask, void* out,
                 int bf16, Scratch& w) {
     const int D = L.D, Dp = L.Dp, S = L.S, Sp = L.Sp, G = L.G;
     const uint8_t* visible = mask ? mask + (int64_t)t * S : nullptr;
@@ -374,21 +410,17 @@ void finish_row(const Layout& L, int t, int hk, const float* raw, const float* v
     }
 #endif
     // Output: weights times values, keys in order, one lane per element of head_dim.
-    const float* vhead = vv + (int64_t)hk * S * Dp;
-    switch (Dp / kLanes) {
-        case 1: weighted_sums<1>(vhead, w.idx, w.scores, Sp, n, Dp, G, w.acc); break;
-        case 2: weighted_sums<2>(vhead, w.idx, w.scores, Sp, n, Dp, G, w.acc); break;
-        case 4: weighted_sums<4>(vhead, w.idx, w.scores, Sp, n, Dp, G, w.acc); break;
-        case 8: weighted_sums<8>(vhead, w.idx, w.scores, Sp, n, Dp, G, w.acc); break;
-        default:
-            for (int g = 0; g < G; ++g) weighted_sum_any(vhead, w.idx, w.scores + g * Sp, n, Dp, w.acc + g * Dp);
-    }
+    if (vals.bf16)
+        all_sums(static_cast<const uint16_t*>(vals.base), vals.ld, w.idx, w.scores, Sp, n, Dp, G, w.acc);
+    else
+        all_sums(static_cast<const float*>(vals.base), vals.ld, w.idx, w.scores, Sp, n, Dp, G, w.acc);
     store_rows(w.acc, sums, G, D, Dp, out, o, bf16);
 }
 
 // Rows [t0, t1) (at most kRows) of KV head hk.
 void one_task(const Layout& L, int t0, int t1, int hk, const void* q, int64_t q_sh, int64_t q_sr, const float* kt,
-              const uint16_t* kp, const float* vv, const uint8_t* mask, void* out, float scale, int bf16, Scratch& w) {
+              const uint16_t* kp, const Values& vals, const uint8_t* mask, void* out, float scale, int bf16,
+              Scratch& w) {
     const int G = L.G, Dp = L.Dp, nq = (t1 - t0) * G;
 #ifdef EAGLE_TRT_AMX
     if (kp) {
@@ -416,7 +448,7 @@ void one_task(const Layout& L, int t0, int t1, int hk, const void* q, int64_t q_
             }
         score_block(w.q, nq, kt + (int64_t)hk * L.D * L.Sp, L.D, Dp, L.Sp, scale, w.raw);
     }
-    for (int t = t0; t < t1; ++t) finish_row(L, t, hk, w.raw + (int64_t)(t - t0) * G * L.Sp, vv, mask, out, bf16, w);
+    for (int t = t0; t < t1; ++t) finish_row(L, t, hk, w.raw + (int64_t)(t - t0) * G * L.Sp, vals, mask, out, bf16, w);
 }
 
 }  // namespace
@@ -431,7 +463,7 @@ int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const vo
                              const void* v, int64_t v_sh, int64_t v_sr, const uint8_t* mask, void* out, int H,
                              int Hkv, int T, int S, int D, float scale, int bf16, int threads) {
     if (Hkv <= 0 || H % Hkv != 0 || H / Hkv > 64 || D > 1024 || S <= 0) return -2;
-    Layout L{H, Hkv, H / Hkv, S, (S + kLanes - 1) / kLanes * kLanes, D, (D + kLanes - 1) / kLanes * kLanes, T};
+    Layout L{H, Hkv, H / Hkv, S, padded_keys(S), D, (D + kLanes - 1) / kLanes * kLanes, T};
     static thread_local Buffer b_kt, b_vv, b_kp;  // the calling thread's: K transposed and V as fp32; K packed
     float* kt = nullptr;
     uint16_t* kp = nullptr;
@@ -449,8 +481,12 @@ int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const vo
             for (int d = 0; d < D; ++d)
                 for (int j = S; j < L.Sp; ++j) kt[((int64_t)hk * D + d) * L.Sp + j] = 0.0f;
     }
-    float* vv = b_vv.get<float>((size_t)Hkv * S * L.Dp);
-    if (!vv) return -1;
+    // V is read where it is when its rows are whole vectors (its bits either way: bf16 widens exactly), else copied.
+    float* vv = nullptr;
+    if (L.Dp != D) {
+        vv = b_vv.get<float>((size_t)Hkv * S * L.Dp);
+        if (!vv) return -1;
+    }
     const int blocks = (S + 63) / 64;
     const int row_blocks = (T + kRows - 1) / kRows;
     const int tasks = row_blocks * Hkv;
@@ -481,7 +517,10 @@ int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const vo
         for (int task = 0; task < tasks; ++task) {
             if (!ok) continue;
             const int t0 = task / Hkv * kRows, t1 = t0 + kRows < T ? t0 + kRows : T;
-            one_task(L, t0, t1, task % Hkv, q, q_sh, q_sr, kt, kp, vv, mask, out, scale, bf16, w);
+            const int hk = task % Hkv;
+            const Values vals = vv ? Values{vv + (int64_t)hk * S * L.Dp, L.Dp, 0}
+                                   : Values{static_cast<const char*>(v) + hk * v_sh * (bf16 ? 2 : 4), v_sr, bf16};
+            one_task(L, t0, t1, hk, q, q_sh, q_sr, kt, kp, vals, mask, out, scale, bf16, w);
         }
 #ifdef EAGLE_TRT_AMX
         if (kp) _tile_loadconfig(&saved);
