@@ -18,7 +18,7 @@ from conftest import write_random_head
 from eagle_trt.cli.app import app
 
 RUNNER = CliRunner()
-CFG = dict(name="tiny", max_input_len=512, max_output_len=256, draft_length=4, total_tokens=16, max_beam_width=4)
+CFG = dict(name="tiny", dtype="float32", max_input_len=512, max_output_len=256, draft_length=4, total_tokens=16, max_beam_width=4)
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +119,21 @@ def test_bf16_on_a_cpu_without_bf16_hardware_warns(tmp_path, ckpt, monkeypatch, 
         assert warnings == []
     else:
         assert len(warnings) == 1 and "no AMX or AVX512-BF16" in warnings[0] and "float32" in warnings[0]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_auto_dtype_builds_the_faster_engine_here(tmp_path, ckpt, monkeypatch, fast):
+    import eagle_trt.models.gemm as gemm
+
+    monkeypatch.setattr(gemm, "cpu_has_native_bf16", lambda: fast)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = build(tmp_path, ckpt, "e", "--json", dtype="auto")
+    assert result.exit_code == 0, result.output
+    data, want = json.loads(result.stdout), "bfloat16" if fast else "float32"
+    assert (data["dtype"], data["kv_cache_dtype"], data["warnings"]) == (want, want, [])
+    stored = yaml.safe_load((tmp_path / "e" / "eagle_config.yaml").read_text())
+    assert (stored["dtype"], stored["kv_cache_dtype"]) == (want, want)  # the engine records the choice
+    assert json.loads((tmp_path / "e" / "manifest.json").read_text())["dtype"] == want
 
 
 def test_unexpected_error_exits_1(tmp_path, ckpt, monkeypatch):

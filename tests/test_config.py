@@ -46,10 +46,14 @@ def test_template_only_yaml_gets_defaults(tmp_path):
     cfg = load_config(write(tmp_path, TEMPLATE))
     assert cfg.eagle_architecture.hidden_size == 576
     assert cfg.eagle_architecture.num_attention_heads == 9
-    assert (cfg.name, cfg.backend, cfg.dtype, cfg.kv_cache_dtype) == ("smollm2-135m-eagle3", "torch", "float32", "auto")
+    assert (cfg.name, cfg.backend, cfg.dtype, cfg.kv_cache_dtype) == ("smollm2-135m-eagle3", "torch", "auto", "auto")
     assert (cfg.draft_length, cfg.total_tokens, cfg.max_beam_width, cfg.tree) == (6, 32, 8, "dynamic")
     assert cfg.checkpoint_dir is None and cfg.static_tree is None
-    assert cfg.resolved_kv_cache_dtype == "float32"
+    # build settles dtype auto by what this machine runs fast; the KV cache follows it
+    assert [cfg.with_dtype(fast).resolved_kv_cache_dtype for fast in (True, False)] == ["bfloat16", "float32"]
+    trt = cfg.model_copy(update={"backend": "trtllm"})
+    assert trt.with_dtype(fast_bf16=False).dtype == "bfloat16"
+    assert cfg.model_copy(update={"dtype": "float32"}).with_dtype(fast_bf16=True).dtype == "float32"
 
 
 def test_shipped_config_is_smollm2():
@@ -100,7 +104,7 @@ def test_negative_values_one_line_each(tmp_path):
         ("tree: static\nstatic_tree: [[0], [1, 0]]\n", "cfg.yaml: static_tree[1] [1, 0] needs its prefix [1] in static_tree"),
         ("tree: static\nstatic_tree: [[0], [-1]]\n", "cfg.yaml: static_tree[1][0]: Input should be greater than or equal to 0 (got -1)"),
         ("draft_length: '6'\n", "cfg.yaml: draft_length: Input should be a valid integer (got '6')"),
-        ("dtype: fp16\n", "cfg.yaml: dtype: Input should be 'float32', 'float16' or 'bfloat16' (got 'fp16')"),
+        ("dtype: fp16\n", "cfg.yaml: dtype: Input should be 'auto', 'float32', 'float16' or 'bfloat16' (got 'fp16')"),
         ("confidence_threshold: 1\n", "cfg.yaml: confidence_threshold: Input should be less than 1 (got 1)"),
         ("eagle_architecture: {hidden_size: 64}\n", None),
     ],

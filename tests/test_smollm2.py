@@ -35,7 +35,9 @@ def session(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("smollm2")
     convert_model(GGUF, tmp / "ckpt", steps=0, progress=False)
-    cfg = parse_config({"name": "smollm2-test", "checkpoint_dir": str(tmp / "ckpt"), "max_output_len": 256})
+    # float32: the reference is HF generate in fp32
+    cfg = parse_config({"name": "smollm2-test", "checkpoint_dir": str(tmp / "ckpt"), "max_output_len": 256,
+                        "dtype": "float32"})
     build_engine(cfg, output_dir=tmp / "engine")
     return Session.open(tmp / "engine")
 

@@ -6,8 +6,8 @@ target?) lives in eagle_trt.engine.builder.
 
     >>> from eagle_trt.config.schema import EagleConfig
     >>> cfg = EagleConfig.model_validate({"draft_length": 4, "total_tokens": 16})
-    >>> (cfg.backend, cfg.dtype, cfg.resolved_kv_cache_dtype)
-    ('torch', 'float32', 'float32')
+    >>> (cfg.backend, cfg.dtype, cfg.with_dtype(fast_bf16=False).resolved_kv_cache_dtype)
+    ('torch', 'auto', 'float32')
 """
 
 from __future__ import annotations
@@ -79,12 +79,13 @@ class EagleConfig(BaseModel):
         "candidates, 1.4 and main: chain or dynamic tree). The bundle holds only fields that line defines. A quoted "
         "string in YAML.",
     )
-    dtype: Literal["float32", "float16", "bfloat16"] = Field(
-        "float32",
-        description="Engine weight dtype. CPU: both lossless against plain decoding of the same dtype (their texts "
-        "differ); bfloat16 is the faster engine wherever the compiled kernels run (x86-64 with AVX2 and a C++ "
-        "compiler: half the weight bytes, fp32, bf16-dot or AMX math by CPU), float32 runs everywhere. GPU: float16 "
-        "or bfloat16.",
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto",
+        description="Engine weight dtype. auto: bfloat16 where it is the faster engine (backend trtllm, a GPU, or a "
+        "CPU where the compiled kernels run: x86-64 with AVX2 and a C++ compiler), float32 elsewhere; `build` "
+        "decides and the engine records the result. CPU: both lossless against plain decoding of the same dtype "
+        "(their texts differ); bfloat16 streams half the weight bytes (fp32, bf16-dot or AMX math by CPU), float32 "
+        "runs everywhere. GPU: float16 or bfloat16.",
     )
     kv_cache_dtype: Literal["auto", "float32", "float16", "bfloat16", "fp8"] = Field(
         "auto",
@@ -158,8 +159,16 @@ class EagleConfig(BaseModel):
 
     @property
     def resolved_kv_cache_dtype(self) -> str:
-        """kv_cache_dtype with "auto" replaced by dtype."""
+        """kv_cache_dtype with "auto" replaced by dtype (itself "auto" until `with_dtype` settles it)."""
         return self.dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
+
+    def with_dtype(self, fast_bf16: bool) -> EagleConfig:
+        """This config with dtype "auto" settled: bfloat16 for TensorRT-LLM or where `fast_bf16` (the machine runs a
+        bf16 engine at full speed: a GPU, or the compiled CPU kernels), float32 otherwise. A set dtype stays."""
+        if self.dtype != "auto":
+            return self
+        dtype = "bfloat16" if self.backend == "trtllm" or fast_bf16 else "float32"
+        return self.model_copy(update={"dtype": dtype})
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> EagleConfig:

@@ -96,6 +96,7 @@ def build_engine(
     ckpt = Path(checkpoint_dir if checkpoint_dir is not None else cfg.checkpoint_dir)
     out = Path(output_dir) if output_dir is not None else Path("engines") / cfg.name
     _check_output(out, overwrite)
+    cfg = cfg.with_dtype(fast_bf16=cfg.dtype == "auto" and bf16_is_fast())
     warnings = check_backend(cfg)
     plan = inspect_checkpoint(cfg, ckpt)
     if cfg.backend == "trtllm":
@@ -153,6 +154,16 @@ def warm_runtime_layout(engine: Path) -> str | None:
     return Session.open(engine, verify=False).runner.target.backend.name
 
 
+def bf16_is_fast() -> bool:
+    """Whether a bf16 torch engine is the faster one on this machine (what dtype: auto builds): a GPU, or the
+    compiled CPU kernels (bf16 storage halves the bytes a memory-bound token step reads), or hardware bf16."""
+    import torch
+
+    from eagle_trt.models.gemm import cpu_has_native_bf16
+
+    return torch.cuda.is_available() or cpu_has_native_bf16()
+
+
 def check_backend(cfg: EagleConfig) -> list[str]:
     """What the config's backend cannot do is an error here, before any file is read; returns warnings."""
     if cfg.backend == "trtllm":
@@ -177,8 +188,9 @@ def _cpu_dtype_warnings(dtype: str) -> list[str]:
     if torch.cuda.is_available() or dtype == "float32":
         return []
     if dtype == "bfloat16" and not cpu_has_native_bf16():
-        return ["dtype bfloat16: this CPU has no AMX or AVX512-BF16, so bf16 matmuls are emulated and run far "
-                "slower than float32; build with dtype: float32 to run here"]
+        return ["dtype bfloat16: the compiled kernels do not run here and this CPU has no AMX or AVX512-BF16, so "
+                "bf16 matmuls are emulated and run far slower than float32; build with dtype: float32 (or auto) to "
+                "run here"]
     if dtype == "float16":
         return ["dtype float16 on CPU has no fast kernels in the torch engine; use bfloat16 (CPUs with AMX or "
                 "AVX512-BF16) or float32"]
