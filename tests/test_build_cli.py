@@ -106,12 +106,17 @@ def test_missing_dependency_exits_3(tmp_path, ckpt, monkeypatch):
     assert "kv_cache_dtype fp8 needs torch.float8_e4m3fn" in result.stderr
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_bf16_on_a_cpu_without_bf16_hardware_warns(tmp_path, ckpt, monkeypatch, native):
+def cpu_without_gpu(monkeypatch, fast_bf16: bool) -> None:
+    """A CPU-only machine whose bf16 engine is fast (compiled kernels or hardware bf16) or emulated."""
     import eagle_trt.models.gemm as gemm
 
-    monkeypatch.setattr(gemm, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(gemm, "cpu_has_native_bf16", lambda: fast_bf16)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_on_a_cpu_without_bf16_hardware_warns(tmp_path, ckpt, monkeypatch, native):
+    cpu_without_gpu(monkeypatch, native)
     result = build(tmp_path, ckpt, "e", "--json", dtype="bfloat16")
     assert result.exit_code == 0, result.output
     warnings = json.loads(result.stdout)["warnings"]
@@ -123,10 +128,7 @@ def test_bf16_on_a_cpu_without_bf16_hardware_warns(tmp_path, ckpt, monkeypatch, 
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_auto_dtype_builds_the_faster_engine_here(tmp_path, ckpt, monkeypatch, fast):
-    import eagle_trt.models.gemm as gemm
-
-    monkeypatch.setattr(gemm, "cpu_has_native_bf16", lambda: fast)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cpu_without_gpu(monkeypatch, fast)
     result = build(tmp_path, ckpt, "e", "--json", dtype="auto")
     assert result.exit_code == 0, result.output
     data, want = json.loads(result.stdout), "bfloat16" if fast else "float32"
