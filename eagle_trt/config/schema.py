@@ -6,13 +6,14 @@ target?) lives in eagle_trt.engine.builder.
 
     >>> from eagle_trt.config.schema import EagleConfig
     >>> cfg = EagleConfig.model_validate({"draft_length": 4, "total_tokens": 16})
-    >>> (cfg.backend, cfg.dtype, cfg.with_dtype(fast_bf16=False).resolved_kv_cache_dtype)
+    >>> (cfg.backend, cfg.dtype, cfg.with_dtype(lambda: False).resolved_kv_cache_dtype)
     ('torch', 'auto', 'float32')
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -162,12 +163,12 @@ class EagleConfig(BaseModel):
         """kv_cache_dtype with "auto" replaced by dtype (itself "auto" until `with_dtype` settles it)."""
         return self.dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
 
-    def with_dtype(self, fast_bf16: bool) -> EagleConfig:
-        """This config with dtype "auto" settled: bfloat16 for TensorRT-LLM or where `fast_bf16` (the machine runs a
-        bf16 engine at full speed: a GPU, or the compiled CPU kernels), float32 otherwise. A set dtype stays."""
+    def with_dtype(self, fast_bf16: Callable[[], bool]) -> EagleConfig:
+        """This config with dtype "auto" settled: bfloat16 for TensorRT-LLM or where `fast_bf16()` (asked only for a
+        torch engine: does this machine run bf16 at full speed?), float32 otherwise. A set dtype stays."""
         if self.dtype != "auto":
             return self
-        dtype = "bfloat16" if self.backend == "trtllm" or fast_bf16 else "float32"
+        dtype = "bfloat16" if self.backend == "trtllm" or fast_bf16() else "float32"
         return self.model_copy(update={"dtype": dtype})
 
     @model_validator(mode="after")

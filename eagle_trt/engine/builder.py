@@ -96,7 +96,7 @@ def build_engine(
     ckpt = Path(checkpoint_dir if checkpoint_dir is not None else cfg.checkpoint_dir)
     out = Path(output_dir) if output_dir is not None else Path("engines") / cfg.name
     _check_output(out, overwrite)
-    cfg = cfg.with_dtype(fast_bf16=cfg.dtype == "auto" and bf16_is_fast())
+    cfg = cfg.with_dtype(bf16_is_fast)
     warnings = check_backend(cfg)
     plan = inspect_checkpoint(cfg, ckpt)
     if cfg.backend == "trtllm":
@@ -183,11 +183,9 @@ def _cpu_dtype_warnings(dtype: str) -> list[str]:
     """The torch engine runs where it is built far more often than not: say when its dtype will be slow here."""
     import torch
 
-    from eagle_trt.models.gemm import cpu_has_native_bf16
-
     if torch.cuda.is_available() or dtype == "float32":
         return []
-    if dtype == "bfloat16" and not cpu_has_native_bf16():
+    if dtype == "bfloat16" and not bf16_is_fast():
         return ["dtype bfloat16: the compiled kernels do not run here and this CPU has no AMX or AVX512-BF16, so "
                 "bf16 matmuls are emulated and run far slower than float32; build with dtype: float32 (or auto) to "
                 "run here"]

@@ -62,7 +62,7 @@ def runs_tree(cfg) -> bool:
 def check_trtllm_config(cfg) -> list[str]:
     """Raise ConfigError for settings TensorRT-LLM cannot honour whatever drafts; return warnings for ones it ignores.
     The tree rules depend on the drafter: `check_trtllm_head`, once the checkpoint says what drafts."""
-    cfg = cfg.with_dtype(fast_bf16=True)  # dtype auto is bfloat16 for TensorRT-LLM
+    cfg = cfg.with_dtype(lambda: True)  # dtype auto is bfloat16 for TensorRT-LLM
     if cfg.dtype not in TRTLLM_DTYPES:
         raise ConfigError(
             f"dtype {cfg.dtype} is not supported by backend trtllm (use {' or '.join(TRTLLM_DTYPES)})"
