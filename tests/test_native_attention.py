@@ -44,10 +44,10 @@ def test_matches_float64_attention(build, dtype, h, hkv, d):
         torch.testing.assert_close(got.float(), attention_fp64(q, k, v, mask).float(), **tol)
 
 
-def each_row_alone(kernel, dtype, prefix, t) -> bool:
+def each_row_alone(kernel, dtype, prefix, t, h=9, hkv=3, d=64) -> bool:
     """A tree row (ancestors at scattered slots among masked siblings, many rows in the call) gives the same bits as
     decoding that token alone over its keys laid out contiguously: the decode-vs-verify invariant."""
-    q, k, v = _qkv(t, prefix + t, 9, 3, 64, dtype, seed=prefix + t)
+    q, k, v = _qkv(t, prefix + t, h, hkv, d, dtype, seed=prefix + t)
     mask = _tree_mask(t, prefix, seed=t)
     full = kernel(q, k, v, mask)
     for row in range(t):
@@ -63,6 +63,17 @@ def test_each_row_equals_that_row_alone_over_its_visible_keys(build, dtype):
     kernel = Attention(lib_or_skip(build))
     for prefix, t in ((0, 1), (5, 17), (300, 17), (33, 40), (200, 64)):
         assert each_row_alone(kernel, dtype, prefix, t), (prefix, t)
+
+
+@pytest.mark.parametrize("build", build_names())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("h,hkv,d", [(4, 4, 40), (8, 2, 80), (2, 1, 16), (4, 2, 128), (6, 2, 48)])
+def test_every_head_dim_path_is_row_invariant(build, dtype, h, hkv, d):
+    """Scores from K where it is (head_dim a whole number of vectors of the build) or from K transposed (the rest):
+    either way, a row's bits do not depend on the call; key counts off the vector width leave a short last block."""
+    kernel = Attention(lib_or_skip(build))
+    for prefix, t in ((37, 13), (3, 2), (0, 5)):
+        assert each_row_alone(kernel, dtype, prefix, t, h, hkv, d), (prefix, t)
 
 
 @pytest.mark.parametrize("build", build_names())

@@ -5,8 +5,11 @@
 // bits as scoring each of them alone (T = 1) after its ancestors were committed. A BLAS or fused attention
 // kernel picks its blocking, lanes and threads from the call's shape, so a row's sums run in a different order
 // in the two calls. Here every sum has an order fixed by the row and its keys alone:
-//   1. scores: K is transposed once per call, so the score of (query vector, key) is one lane's chain of fused
-//      multiply-adds over head_dim, in order, whichever lane or tile the key lands in. With bf16 inputs on a CPU
+//   1. scores: the score of (query vector, key) is, in each lane l, a chain of fused multiply-adds over the
+//      elements l, l + kLanes, ... of head_dim, in order, then lane_sum's fixed tree over the lanes (lane_sums does
+//      a whole block of keys at once with the same tree per key), whichever block the key lands in. A head_dim that
+//      is not a whole number of vectors takes K transposed once per call instead, each score one lane's chain over
+//      head_dim in order (the path is fixed by the model's head_dim). With bf16 inputs on a CPU
 //      that grants AMX tiles, K is packed into tiles instead and each score is the tile instruction's dot product
 //      over head_dim (blocks of 32 in order): it treats each (query, key) element of a tile apart, so the score
 //      is again a function of that query and key alone. Which path runs is fixed per process;
@@ -45,6 +48,8 @@ using namespace eagle_trt;
 
 // Query rows per task: their G query vectors each share one pass over the head's keys.
 constexpr int kRows = 3;
+// From this many query rows on, a bf16 V is widened to fp32 once per call instead of at every read.
+constexpr int kWidenRows = 4;
 
 struct Layout {
     int H, Hkv, G, S, Sp, D, Dp, T;
@@ -104,17 +109,19 @@ struct Scratch {
     float* q = nullptr;      // [kRows * G][Dp] the task's query vectors
     float* acc = nullptr;    // [G][Dp]
     uint16_t* qb = nullptr;  // [kRows * G][head_dim padded to 32] the task's query vectors in bf16 (AMX scores)
+    float* kbuf = nullptr;   // [kLanes][D] one block of bf16 keys widened (direct scores)
 
     // False if memory ran out.
     bool fit(const Layout& L) {
-        static thread_local Buffer b_idx, b_raw, b_scores, b_q, b_acc, b_qb;
+        static thread_local Buffer b_idx, b_raw, b_scores, b_q, b_acc, b_qb, b_kbuf;
+        kbuf = b_kbuf.get<float>((size_t)kLanes * L.Dp);
         qb = b_qb.get<uint16_t>((size_t)kRows * L.G * ((L.D + 31) / 32 * 32));
         idx = b_idx.get<int>(L.S);
         raw = b_raw.get<float>((size_t)kRows * L.G * L.Sp);
         scores = b_scores.get<float>((size_t)L.G * L.Sp);
         q = b_q.get<float>((size_t)kRows * L.G * L.Dp);
         acc = b_acc.get<float>((size_t)L.G * L.Dp);
-        return idx && raw && scores && q && acc && qb;
+        return idx && raw && scores && q && acc && qb && kbuf;
     }
 };
 
@@ -126,12 +133,24 @@ struct Values {
     int bf16;
 };
 
-// acc[d] = sum over i of p[i] * v[idx[i]][d] (p >= 0, splat from memory: simd.h, vsplat): even i and odd i summed
-// apart, in order, then added (two chains in flight per lane; the order depends on i and n only). C vectors per
-// row, kept in registers.
+// acc[d] = sum over i of p[i] * v[idx[i]][d] (p >= 0, splat from memory: simd.h, vsplat). C vectors per row, kept
+// in registers: with C below 8, even i and odd i summed apart, in order, then added (two chains in flight per lane);
+// from 8 on (head_dim 64 on AVX2), one chain per lane in order, since 2C accumulators would not fit the 16 vector
+// registers. The order depends on i, n and C only.
 template <int C, typename V>
 inline void weighted_sum(const V* v, int64_t ld, const int* idx, const float* p, int n, float* acc) {
     using E = Elem<V>;
+    if constexpr (C >= 8) {
+        vf a[C];
+        for (int c = 0; c < C; ++c) a[c] = vf{};
+        for (int i = 0; i < n; ++i) {
+            const V* r = v + (int64_t)idx[i] * ld;
+            const vf pi = vsplat(p + i);
+            for (int c = 0; c < C; ++c) a[c] = vfma(E::load(r + c * kLanes), pi, a[c]);
+        }
+        for (int c = 0; c < C; ++c) vstore(acc + c * kLanes, a[c]);
+        return;
+    }
     vf a[C], b[C];
     for (int c = 0; c < C; ++c) a[c] = b[c] = vf{};
     int i = 0;
@@ -206,6 +225,71 @@ void all_sums(const V* v, int64_t ld, const int* idx, const float* p, int Sp, in
         case 8: weighted_sums<8>(v, ld, idx, p, Sp, n, Dp, G, acc); break;
         default:
             for (int g = 0; g < G; ++g) weighted_sum_any(v, ld, idx, p + g * Sp, n, Dp, acc + g * Dp);
+    }
+}
+
+// raw[v][j0 + i] = scale * (q_v . k_i) for i < nk <= kLanes keys (rows of keys, fp32, D = C vectors), for each of
+// the nq query vectors: kLanes chains per vector (one per key slot of the block) over the C vectors of head_dim in
+// order, then lane_sums. A block short of kLanes keys repeats its last key in the empty slots; their scores land in
+// the row's padding (Sp is a whole number of vectors), which is never listed. So each listed score is the same
+// function of its query vector and key in every block.
+template <int C>
+inline void score_keys(const float* qs, int nq, const float* const* keys, float scale, int Sp, float* raw) {
+    for (int v = 0; v < nq; ++v) {
+        const float* q = qs + (int64_t)v * C * kLanes;
+        vf a[kLanes];
+        for (int i = 0; i < kLanes; ++i) a[i] = vf{};
+        for (int c = 0; c < C; ++c) {
+            const vf qc = vload(q + c * kLanes);
+            for (int i = 0; i < kLanes; ++i) a[i] = vfma(vload(keys[i] + c * kLanes), qc, a[i]);
+        }
+        vstore(raw + (int64_t)v * Sp, lane_sums(a) * scale);
+    }
+}
+
+// Scores of the task's nq query vectors (rows of Dp = D floats) against every key of one KV head read where it is
+// (row j at base + j * ld, fp32 or bf16; bf16 blocks are widened into kbuf first, exactly).
+template <int C>
+void score_rows(const float* qs, int nq, const void* base, int64_t ld, int bf16, int S, float scale, int Sp,
+                float* raw, float* kbuf) {
+    constexpr int D = C * kLanes;
+    const float* keys[kLanes];
+    for (int j0 = 0; j0 < S; j0 += kLanes) {
+        const int nk = S - j0 < kLanes ? S - j0 : kLanes;
+        for (int i = 0; i < kLanes; ++i) {
+            const int j = j0 + (i < nk ? i : nk - 1);
+            if (bf16) {
+                if (i < nk) to_float(base, (int64_t)j * ld, 1, D, kbuf + i * D);
+                keys[i] = kbuf + (i < nk ? i : nk - 1) * D;
+            } else {
+                keys[i] = static_cast<const float*>(base) + (int64_t)j * ld;
+            }
+        }
+        score_keys<C>(qs, nq, keys, scale, Sp, raw + j0);
+    }
+}
+
+// Scores from K where it is, for a head_dim of C whole vectors with C one of these; other head_dims take K
+// transposed (score_block). Which path runs is fixed by the model's head_dim.
+#define EAGLE_TRT_DIRECT_C(X) X(1) X(2) X(3) X(4) X(5) X(6) X(8) X(10) X(12) X(16)
+
+inline bool direct_scores(int D) {
+    if (D % kLanes) return false;
+    switch (D / kLanes) {
+#define EAGLE_TRT_CASE(c) case c:
+        EAGLE_TRT_DIRECT_C(EAGLE_TRT_CASE) return true;
+#undef EAGLE_TRT_CASE
+        default: return false;
+    }
+}
+
+void score_direct(const float* qs, int nq, const void* base, int64_t ld, int bf16, int S, int D, float scale, int Sp,
+                  float* raw, float* kbuf) {
+    switch (D / kLanes) {
+#define EAGLE_TRT_CASE(c) case c: score_rows<c>(qs, nq, base, ld, bf16, S, scale, Sp, raw, kbuf); break;
+        EAGLE_TRT_DIRECT_C(EAGLE_TRT_CASE)
+#undef EAGLE_TRT_CASE
+        default: break;
     }
 }
 
@@ -417,10 +501,17 @@ void finish_row(const Layout& L, int t, int hk, const float* raw, const Values& 
     store_rows(w.acc, sums, G, D, Dp, out, o, bf16);
 }
 
-// Rows [t0, t1) (at most kRows) of KV head hk.
-void one_task(const Layout& L, int t0, int t1, int hk, const void* q, int64_t q_sh, int64_t q_sr, const float* kt,
-              const uint16_t* kp, const Values& vals, const uint8_t* mask, void* out, float scale, int bf16,
-              Scratch& w) {
+// The caller's K: head h, row j at base + h * sh + j * sr elements.
+struct Keys {
+    const void* base;
+    int64_t sh, sr;
+};
+
+// Rows [t0, t1) (at most kRows) of KV head hk. Scores from K where it is (kt and kp null), K transposed (kt) or K
+// packed for AMX (kp).
+void one_task(const Layout& L, int t0, int t1, int hk, const void* q, int64_t q_sh, int64_t q_sr, const Keys& keys,
+              const float* kt, const uint16_t* kp, const Values& vals, const uint8_t* mask, void* out, float scale,
+              int bf16, Scratch& w) {
     const int G = L.G, Dp = L.Dp, nq = (t1 - t0) * G;
 #ifdef EAGLE_TRT_AMX
     if (kp) {
@@ -446,7 +537,12 @@ void one_task(const Layout& L, int t0, int t1, int hk, const void* q, int64_t q_
                 to_float(q, (int64_t)(hk * G + g) * q_sh + (int64_t)t * q_sr, bf16, L.D, qv);
                 for (int d = L.D; d < Dp; ++d) qv[d] = 0.0f;
             }
-        score_block(w.q, nq, kt + (int64_t)hk * L.D * L.Sp, L.D, Dp, L.Sp, scale, w.raw);
+        if (kt) {
+            score_block(w.q, nq, kt + (int64_t)hk * L.D * L.Sp, L.D, Dp, L.Sp, scale, w.raw);
+        } else {
+            const void* kh = static_cast<const char*>(keys.base) + hk * keys.sh * (bf16 ? 2 : 4);
+            score_direct(w.q, nq, kh, keys.sr, bf16, L.S, L.D, scale, L.Sp, w.raw, w.kbuf);
+        }
     }
     for (int t = t0; t < t1; ++t) finish_row(L, t, hk, w.raw + (int64_t)(t - t0) * G * L.Sp, vals, mask, out, bf16, w);
 }
@@ -474,26 +570,28 @@ int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const vo
         if (!kp) return -1;
     }
 #endif
-    if (!kp) {
+    if (!kp && !direct_scores(D)) {
         kt = b_kt.get<float>((size_t)Hkv * D * L.Sp);
         if (!kt) return -1;
         for (int hk = 0; hk < Hkv; ++hk)  // padding slots score 0 and are never listed as visible
             for (int d = 0; d < D; ++d)
                 for (int j = S; j < L.Sp; ++j) kt[((int64_t)hk * D + d) * L.Sp + j] = 0.0f;
     }
-    // V is read where it is when its rows are whole vectors (its bits either way: bf16 widens exactly), else copied.
+    // V is read where it is when its rows are whole vectors, else copied to fp32. A bf16 V is copied for calls of
+    // several rows too, which read each value many times (its bits either way: bf16 widens exactly).
     float* vv = nullptr;
-    if (L.Dp != D) {
+    if (L.Dp != D || (bf16 && T >= kWidenRows)) {
         vv = b_vv.get<float>((size_t)Hkv * S * L.Dp);
         if (!vv) return -1;
     }
-    const int blocks = (S + 63) / 64;
+    const int blocks = kt || vv || kp ? (S + 63) / 64 : 0;  // K and V need no copy when read where they are
     const int row_blocks = (T + kRows - 1) / kRows;
     const int tasks = row_blocks * Hkv;
     const int nthreads = threads > 0 ? threads : 1;
     int failed = 0;
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
     {
+        if (blocks > 0)  // the same on every thread
 #pragma omp for schedule(static)
         for (int b = 0; b < Hkv * blocks; ++b) {
             const int hk = b / blocks, j0 = (b % blocks) * 64;
@@ -520,7 +618,7 @@ int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const vo
             const int hk = task % Hkv;
             const Values vals = vv ? Values{vv + (int64_t)hk * S * L.Dp, L.Dp, 0}
                                    : Values{static_cast<const char*>(v) + hk * v_sh * (bf16 ? 2 : 4), v_sr, bf16};
-            one_task(L, t0, t1, hk, q, q_sh, q_sr, kt, kp, vals, mask, out, scale, bf16, w);
+            one_task(L, t0, t1, hk, q, q_sh, q_sr, Keys{k, k_sh, k_sr}, kt, kp, vals, mask, out, scale, bf16, w);
         }
 #ifdef EAGLE_TRT_AMX
         if (kp) _tile_loadconfig(&saved);
