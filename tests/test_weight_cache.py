@@ -110,3 +110,44 @@ def test_a_rebuild_replaces_its_old_layout(engine, tmp_path):
     assert r.exit_code == 0, r.output
     after = sorted(p.name for p in (tmp_path / "weights").glob("*.bin"))
     assert len(after) == len(before) == 2 and after != before  # new files (new mtimes), the old ones gone
+
+
+def _layout(root, name, source, nbytes, age):
+    """A cache file of about nbytes made from `source`, last used `age` seconds ago."""
+    import os
+    import time
+
+    path = root / f"target-{name}.bin"
+    weight_cache.write(path, {"w": torch.zeros(nbytes // 4)}, {}, source=source)
+    stamp = time.time() - age
+    os.utime(path, (stamp, stamp))
+    return path
+
+
+def test_layouts_of_deleted_engines_go_and_the_cache_keeps_under_its_cap(tmp_path, monkeypatch):
+    """The cache does not grow without bound: a write removes the layouts whose engine dir is gone, then the least
+    recently used until the rest fit the cap; the file just written stays even alone over the cap."""
+    monkeypatch.setenv("EAGLE_TRT_WEIGHT_CACHE_MAX", "100MB")  # no pruning while the files are laid out
+    root = tmp_path / "weights"
+    engines = [tmp_path / f"engine{i}" for i in range(4)]
+    for e in engines:
+        e.mkdir()
+    old = _layout(root, "a" * 24, engines[0], 4000, age=300)
+    mid = _layout(root, "b" * 24, engines[1], 4000, age=200)
+    new = _layout(root, "c" * 24, engines[2], 4000, age=100)
+    gone = _layout(root, "d" * 24, tmp_path / "deleted", 400, age=50)
+    assert weight_cache.read(old) is not None  # a read makes `old` the most recently used
+    monkeypatch.setenv("EAGLE_TRT_WEIGHT_CACHE_MAX", "9000")
+    kept = _layout(root, "e" * 24, engines[3], 4000, age=0)
+    assert sorted(p.name[7] for p in root.glob("*.bin")) == ["a", "e"]  # `gone` (no engine), then mid, then new
+    assert kept.is_file() and not gone.exists() and not mid.exists() and not new.exists()
+    monkeypatch.setenv("EAGLE_TRT_WEIGHT_CACHE_MAX", "10")
+    _layout(root, "f" * 24, engines[0], 4000, age=0)
+    assert [p.name[7] for p in root.glob("*.bin")] == ["f"]
+
+
+def test_a_cap_that_is_not_a_size_falls_back_to_the_default(monkeypatch):
+    monkeypatch.setenv("EAGLE_TRT_WEIGHT_CACHE_MAX", "lots")
+    assert weight_cache.max_bytes() == 16 * 2**30
+    monkeypatch.setenv("EAGLE_TRT_WEIGHT_CACHE_MAX", "2GB")
+    assert weight_cache.max_bytes() == 2 * 10**9

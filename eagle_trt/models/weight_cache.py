@@ -10,7 +10,10 @@ the build machine) makes that layout and stores it here; later starts map the fi
     write(path, tensors, meta)                           # atomic (temp file, then rename)
 
 Where: $EAGLE_TRT_WEIGHT_CACHE, else $EAGLE_TRT_CACHE/weights, else ~/.cache/eagle-trt/weights;
-EAGLE_TRT_WEIGHT_CACHE=0 turns it off. A file is keyed by the engine's weight files (their sha256 in the engine's
+EAGLE_TRT_WEIGHT_CACHE=0 turns it off. The cache keeps itself small: each write removes the layouts whose engine dir
+is gone (an engine moved elsewhere makes its layout again at its next start) and then the least recently used ones
+until the rest fit $EAGLE_TRT_WEIGHT_CACHE_MAX (default 16GiB; a size such as 8GB or 500MiB, or bytes), never the
+file just written. A file is keyed by the engine's weight files (their sha256 in the engine's
 manifest, sizes and modification times; not where the engine lies, so a moved engine keeps its layout), the backend
 (kernel build, dtype, AMX or vectors) and this format, so a rebuilt engine, another CPU or another kernel build never
 reads a stale layout. The file is a JSON header followed by
@@ -32,6 +35,7 @@ import torch
 FORMAT = "eagle-trt-runtime-weights/1"
 ALIGN = 64
 _MAGIC = b"EAGLETRT"
+DEFAULT_MAX = "16GiB"
 
 
 def cache_dir() -> Path | None:
@@ -109,6 +113,54 @@ def write(path: Path, tensors: dict[str, torch.Tensor], meta: dict, source: str 
             os.unlink(tmp)
     if source is not None:
         _drop_stale(path, source)
+    if path.is_file():
+        prune(path.parent, max_bytes(), keep=path)
+
+
+def max_bytes() -> int:
+    """The cache's size cap: $EAGLE_TRT_WEIGHT_CACHE_MAX, else DEFAULT_MAX (a value that is not a size: the default)."""
+    from eagle_trt.safetensors_stream import parse_size
+
+    try:
+        return parse_size(os.environ.get("EAGLE_TRT_WEIGHT_CACHE_MAX") or DEFAULT_MAX)
+    except ValueError:
+        return parse_size(DEFAULT_MAX)
+
+
+def prune(root: Path, cap: int, keep: Path | None = None) -> list[Path]:
+    """Remove the layouts under root whose source dir no longer exists, then the least recently used (oldest
+    modification time: `read` refreshes it) until the rest take at most `cap` bytes; never `keep`. A process that
+    has a removed file mapped keeps reading it (the data stays until it is unmapped). Returns what was removed."""
+    entries = []
+    for f in root.glob("*.bin"):
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        entries.append((st.st_mtime_ns, st.st_size, f))
+    removed = []
+    for _, _, f in entries:
+        header = _header(f) if f != keep else None
+        source = header.get("source") if header else None
+        if source and not Path(source).is_dir() and _unlink(f):
+            removed.append(f)
+    live = sorted((e for e in entries if e[2] not in removed), key=lambda e: e[0])
+    total = sum(size for _, size, _ in live)
+    for _, size, f in live:
+        if total <= cap:
+            break
+        if f != keep and _unlink(f):
+            removed.append(f)
+            total -= size
+    return removed
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+        return True
+    except OSError:
+        return False
 
 
 def _drop_stale(kept: Path, source: str) -> None:
@@ -153,6 +205,10 @@ def read(path: Path | None) -> tuple[dict[str, torch.Tensor], dict] | None:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     except (OSError, ValueError, struct.error):
         return None
+    try:  # recently used: what `prune` removes last
+        os.utime(path)
+    except OSError:
+        pass
     tensors = {}
     for name, e in header["tensors"].items():
         dtype = getattr(torch, e["dtype"])
