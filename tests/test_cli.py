@@ -58,6 +58,10 @@ def test_run_prompt_lookup_options(engine):
     assert (on["options"]["lookup_tokens"], on["options"]["lookup_branches"]) == (6, 3)
     assert on["metrics"]["lookup_tokens_verified"] > 0 and off["metrics"]["lookup_tokens_verified"] == 0
     assert run_json(engine, "--prompt", "hi", "--max-new-tokens", "2")["options"]["lookup_tokens"] == 8  # config default
+    # Adaptive lookup: on from the engine's config, off on request; the text is the same.
+    assert on["options"]["adaptive_lookup"] is True
+    whole = run_json(engine, *args, "--lookup-tokens", "6", "--lookup-branches", "3", "--no-adaptive-lookup")
+    assert whole["options"]["adaptive_lookup"] is False and whole["token_ids"] == ar["token_ids"]
     r = cli.invoke(app, ["run", "--engine", str(engine), *args, "--lookup-tokens", "3"])
     assert r.exit_code == 0 and "prompt lookup: accepted / verified" in r.stdout
     r = cli.invoke(app, ["run", "--engine", str(engine), "--prompt", "hi", "--lookup-branches", "0"])

@@ -73,7 +73,7 @@ def test_unknown_key(tmp_path):
         "cfg.yaml: draft_lenght: unknown field; valid fields: name, checkpoint_dir, backend, trtllm_version, dtype, "
         "kv_cache_dtype, draft, eagle_architecture, draft_length, confidence_threshold, max_beam_width, "
         "total_tokens, tree, static_tree, lookup_tokens, lookup_branches, datastore_branches, max_verify_rows, "
-        "max_batch_size, "
+        "adaptive_lookup, max_batch_size, "
         "max_input_len, max_output_len"
     )
 

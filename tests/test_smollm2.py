@@ -94,7 +94,8 @@ def test_eagle_with_the_datastore_equals_ar(session, prompt):
     session.runner.datastore = read_datastore(HEAD_DATASTORE, session.runner.target.spec.vocab_size)
     try:
         res = session.runner.generate(ids, session.decode_options(max_new_tokens=NEW_TOKENS, lookup_tokens=8,
-                                                                  lookup_branches=1, datastore_branches=2))
+                                                                  lookup_branches=1, datastore_branches=2,
+                                                                  adaptive_lookup=False))
     finally:
         session.runner.datastore = None
     assert res.token_ids == ar

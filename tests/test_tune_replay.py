@@ -117,7 +117,8 @@ def test_lookup_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
     for lk, cap in lookups:
         opts = session.decode_options(tree="dynamic", beam_width=1, draft_length=1, total_tokens=1,
                                       max_new_tokens=40, fallback_after=0, lookup_tokens=lk[0], lookup_branches=lk[1],
-                                      datastore_branches=lk[2], max_verify_rows=cap, tuned=False)
+                                      datastore_branches=lk[2], max_verify_rows=cap, tuned=False,
+                                      adaptive_lookup=False)  # tune replays the copies grafted whole
         res = runner.generate(ids, opts)
         assert res.token_ids == ar
         # Steps count what they committed: the prefill's token, then accepted + bonus per step (the last one

@@ -51,6 +51,10 @@ def run(
     max_verify_rows: Annotated[Optional[int], typer.Option(
         help="Cut the copies so one verify pass holds at most this many tokens (root + tree + copies); 0 = no "
              "cut. Default: the engine's (tuned).")] = None,
+    adaptive_lookup: Annotated[Optional[bool], typer.Option(
+        "--adaptive-lookup/--no-adaptive-lookup",
+        help="Greedy: cut each copy where its yield so far stops paying for its verify rows (lossless either "
+             "way). Default: the engine's (on).")] = None,
     temperature: Annotated[float, typer.Option(
         help="Sampling temperature; 0 = greedy. At T > 0 the tree is verified by multi-branch rejection "
              "sampling: the output distribution equals the target's exactly.")] = 0.0,
@@ -79,7 +83,7 @@ def run(
     """
     sampling = dict(threads=threads, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                     posterior_threshold=posterior_threshold, fallback_after=fallback_after,
-                    fallback_tokens=fallback_tokens)
+                    fallback_tokens=fallback_tokens, adaptive_lookup=adaptive_lookup)
     handle_errors(_run)(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, total_tokens,
                         confidence_threshold, (lookup_tokens, lookup_branches, datastore_branches, max_verify_rows),
                         chat, json_out, skip_verify, sampling)

@@ -134,6 +134,12 @@ class EagleConfig(BaseModel):
         "the draft tree and the copies); 0 = no cut. Verify cost can jump at a row count (bf16 on CPU: every 32 "
         "rows take another pass over the weights); `eagle-trt tune` chooses it.",
     )
+    adaptive_lookup: bool = Field(
+        True,
+        description="Greedy decoding: cut each copy where what it has been earning in this request (tokens accepted "
+        "beyond the head's path) stops paying for its verify rows on this machine; the copies still come from "
+        "lookup_tokens/branches. Lossless; false = always graft them whole.",
+    )
     max_batch_size: int = Field(1, ge=1, description="Largest batch the engine accepts.")
     max_input_len: int = Field(2048, ge=1, description="Longest prompt in tokens.")
     max_output_len: int = Field(512, ge=1, description="Most tokens generated per request.")

@@ -26,7 +26,9 @@ from eagle_trt.runtime.drafter import Drafter
 from eagle_trt.runtime.tree_drafter import TreeDrafter
 from eagle_trt.runtime.metrics import GenerationMetrics, StepRecord
 from eagle_trt.speculative.datastore import Datastore
-from eagle_trt.speculative.lookup import NgramIndex, copied_chains, copy_budget, graft, within_rows
+from eagle_trt.speculative.copy_gate import CopyGate, RowPrice
+from eagle_trt.speculative.lookup import (NgramIndex, copied_chains, copy_budget, graft, shared_prefix,
+                                          within_rows)
 from eagle_trt.speculative.sampling import SamplingParams, processed_probs, sample
 from eagle_trt.speculative.tree import (DEFAULT_STATIC_TREE, StaticLayout, Tree, chain_choices, static_layout,
                                         tree_from_parents, trim_choices)
@@ -60,6 +62,9 @@ class DecodeOptions:
     datastore_branches: int = 0  # more continuations from the runner's datastore, if it has one
     # Verify rows (root + head's tree + copies) the copies may fill up to; copies are cut to fit (0 = no cap).
     max_verify_rows: int = 0
+    # Greedy: cut each copy where its measured yield stops paying for its verify rows (speculative/copy_gate.py).
+    # Off here (the copies as configured); an engine's config turns it on (EagleConfig.adaptive_lookup).
+    adaptive_lookup: bool = False
 
     @property
     def sampling(self) -> SamplingParams:
@@ -108,6 +113,7 @@ class Runner:
         if head is not None:
             drafter = Drafter(head, capacity, kv_dtype, draft_k_scales, draft_v_scales, self.max_positions)
         self.drafter = drafter
+        self.row_price = RowPrice()  # what a verify row costs here, learned across requests (adaptive lookup)
         if drafter is not None:  # a draft model's own RoPE range may be shorter than the target's
             self.max_positions = min(self.max_positions, drafter.max_positions)
 
@@ -196,6 +202,8 @@ class Runner:
                 opts.static_tree or trim_choices(DEFAULT_STATIC_TREE, opts.draft_length, opts.total_tokens))
             layouts = _StaticLayouts(choices)
         index, emit = _indexed(prompt_ids, emit) if opts.lookup_tokens > 0 else (None, emit)
+        gate = (CopyGate(opts.lookup_tokens) if index is not None and opts.adaptive_lookup and self._params.greedy
+                and opts.posterior_threshold is None else None)
         ids = torch.tensor(prompt_ids)
         need_aux = self.drafter.needs_features  # the target's layer features, only for a drafter that reads them
         t = time.perf_counter()
@@ -227,10 +235,7 @@ class Runner:
             # Node indices: the drafter's nodes first, then the context's copies, then the datastore's.
             drafted = copied = tree.tokens.numel()
             if index is not None:
-                chains = copied_chains(index, self.datastore, min(opts.lookup_tokens, room), opts.lookup_branches,
-                                       opts.datastore_branches)
-                budget = copy_budget(opts.max_verify_rows, tree.tokens.numel())
-                tree, copied = with_lookup(tree, *within_rows(*chains, budget))
+                tree, copied = self._with_copies(tree, index, opts, room, gate, metrics)
             t_verify = time.perf_counter()
             # One target forward over root + tree; node i sits at position n + depth(i).
             hidden, aux = self.target.hidden_states(tree.tokens, tree.positions(n), self.cache, tree.mask,
@@ -246,12 +251,42 @@ class Runner:
                 lookup_accepted=int((path >= drafted).sum()), lookup_size=tree.tokens.numel() - drafted,
                 datastore_accepted=int((path >= copied).sum()), datastore_size=tree.tokens.numel() - copied))
             misses = misses + 1 if not accepted else 0
+            self._priced(metrics)
             if emit(accepted + [bonus]):
                 return
+            if gate is not None:
+                gate.stepped(int((path[1:] < drafted).sum()), index.tokens)
             root = bonus
             t = time.perf_counter()
             self.drafter.extend(aux[path] if need_aux else None, torch.tensor(accepted + [bonus]))
             carry_draft_s = time.perf_counter() - t
+
+    def _with_copies(self, tree: Tree, index: NgramIndex, opts: DecodeOptions, room: int, gate: CopyGate | None,
+                     metrics) -> tuple[Tree, int]:
+        """The tree with this step's prompt-lookup copies grafted (cut by the gate where it runs, then to the row
+        cap), and the node count before the datastore's."""
+        chains, more = copied_chains(index, self.datastore, min(opts.lookup_tokens, room), opts.lookup_branches,
+                                     opts.datastore_branches)
+        if gate is not None:
+            gate.prices(*self._copy_prices(metrics))
+            start, tokens, parents = len(index.tokens), tree.tokens.tolist(), tree.parents.tolist()
+            chains = [c for c in gate.cut(chains, 0, start, [shared_prefix(tokens, parents, c) for c in chains]) if c]
+            more = [c for c in gate.cut(more, 1, start, [shared_prefix(tokens, parents, c) for c in more]) if c]
+        budget = copy_budget(opts.max_verify_rows, tree.tokens.numel())
+        return with_lookup(tree, *within_rows(chains, more, budget))
+
+    def _copy_prices(self, metrics) -> tuple[float | None, float | None]:
+        """(ms a verify row costs on this runner, ms of a step per token it emits in this request); None = not known
+        yet."""
+        steps = metrics.steps
+        emitted = sum(st.accepted + 1 for st in steps)
+        token_ms = 1000 * sum(st.draft_s + st.verify_s for st in steps) / emitted if emitted else None
+        return self.row_price.row_ms, token_ms
+
+    def _priced(self, metrics) -> None:
+        """Feed the last verify step's rows and time to the row price."""
+        step = metrics.steps[-1]
+        self.row_price.add_step(step.tree_size + 1, 1000 * step.verify_s)
 
     def _fallback(self, root: int, tokens: int, need_aux: bool, emit, metrics) -> tuple[int | None, float]:
         """The drafter keeps missing: decode `tokens` plainly (same target, same p: still lossless), then catch the

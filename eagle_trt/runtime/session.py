@@ -104,6 +104,7 @@ class Session:
             static_tree=cfg.static_tree, max_new_tokens=min(128, cfg.max_output_len),
             lookup_tokens=cfg.lookup_tokens, lookup_branches=cfg.lookup_branches,
             datastore_branches=cfg.datastore_branches, max_verify_rows=cfg.max_verify_rows,
+            adaptive_lookup=cfg.adaptive_lookup,
         )
         if tuned:
             opts.update(self.tuned)

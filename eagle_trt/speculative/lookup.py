@@ -115,6 +115,22 @@ def matched(chain: list[int], continuation: list[int]) -> int:
     return n
 
 
+def shared_prefix(tokens: list[int], parents: list[int], chain: list[int]) -> int:
+    """How many leading tokens of `chain` are already a path below the root of the tree (tokens/parents, root
+    first): the tokens `graft` would add no node for.
+
+    >>> shared_prefix([5, 7, 9, 8], [-1, 0, 0, 1], [7, 8, 1])
+    2
+    """
+    node, n = 0, 0
+    for tok in chain:
+        nxt = next((i for i in range(1, len(parents)) if parents[i] == node and tokens[i] == tok), None)
+        if nxt is None:
+            break
+        node, n = nxt, n + 1
+    return n
+
+
 def graft(tokens: list[int], parents: list[int], chain: list[int]) -> tuple[list[int], list[int], int]:
     """Add `chain` as a path below the root (node 0) of a tree given by tokens/parents (root first, every
     parent before its children). Where the tree already has the chain's next token as a child, the path
