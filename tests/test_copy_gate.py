@@ -12,7 +12,7 @@ PRIOR = PRIOR_HITS / (PRIOR_HITS + PRIOR_MISSES)
 
 
 def test_a_copy_is_scored_against_the_text_that_follows_it_grafted_or_not():
-    gate = CopyGate(max_tokens=4)
+    gate = CopyGate()
     history = [1, 2, 3]
     assert gate.cut([[7, 8, 9, 10]], source=0, start=3) == [[7, 8, 9, 10]]  # no prices yet: whole
     gate.stepped(head_accepted=1, history=history + [7, 8])  # the text does not cover the chain yet
@@ -32,7 +32,7 @@ def test_a_copy_is_scored_against_the_text_that_follows_it_grafted_or_not():
 
 
 def test_copies_are_cut_where_yield_times_a_tokens_worth_drops_below_a_rows_cost():
-    gate = CopyGate(max_tokens=3)
+    gate = CopyGate()
     for _ in range(20):  # position 1 always an extra token, position 2 half the time, position 3 never
         gate.cut([[1, 2, 3]], source=0, start=0)
         gate.stepped(0, [1, 2, 9] if _ % 2 else [1, 9, 9])
@@ -59,7 +59,7 @@ def test_row_price_is_the_steps_own_slope_once_their_rows_spread():
 
 
 def test_positions_the_head_tree_holds_are_free_and_not_counted():
-    gate = CopyGate(max_tokens=4)
+    gate = CopyGate()
     gate.prices(row_ms=1.0, token_ms=1.0)  # nothing past the tree pays at the prior yield
     assert gate.cut([[3, 4, 5, 6]], source=0, start=0, shared=[2]) == [[3, 4]]
     gate.stepped(head_accepted=2, history=[3, 4, 5, 0])
@@ -73,27 +73,33 @@ def runner(tiny_model_dir, tiny_head_dir):
     return Runner(target, Eagle3DraftHead.load(tiny_head_dir, target), capacity=512)
 
 
+class FixedPrice(RowPrice):
+    """A row price the steps' timings do not move."""
+
+    def __init__(self, row_ms):
+        super().__init__()
+        self.row_ms = row_ms
+
+    def add_step(self, rows, ms):
+        pass
+
+
 @pytest.mark.parametrize("row_ms", [1e-9, 1e9], ids=["free-rows", "dear-rows"])
 def test_greedy_stays_lossless_and_copies_follow_the_price(runner, monkeypatch, row_ms):
-    """Fixed prices (the timing-free part of the gate): free rows keep every copy, dear rows cut them all after the
-    first step (before any price is known, copies pass whole); the text is AR's either way."""
+    """A fixed row price (the rest of the gate is timing-free but a token's worth, positive after the first step):
+    free rows keep every copy, dear rows cut them all after the first step (before any token's worth is known,
+    copies pass whole); the text is AR's either way."""
     prompt = [5, 6, 7, 8, 9] * 3
     tree = dict(tree="dynamic", beam_width=2, draft_length=2, total_tokens=3, lookup_tokens=6, lookup_branches=2,
                 max_new_tokens=60, eos_token_ids=[])
     ar = runner.generate(prompt, DecodeOptions(mode="ar", max_new_tokens=60, eos_token_ids=[])).token_ids
     plain = runner.generate(prompt, DecodeOptions(**tree))
-    calls = []
-
-    def prices(metrics):
-        calls.append(len(metrics.steps))
-        return (None, None) if not metrics.steps else (row_ms, 1.0)
-
-    monkeypatch.setattr(runner, "_copy_prices", prices)
+    monkeypatch.setattr(runner, "row_price", FixedPrice(row_ms))
     gated = runner.generate(prompt, DecodeOptions(adaptive_lookup=True, **tree))
     assert gated.token_ids == plain.token_ids == ar
     sizes = [st.lookup_size for st in gated.metrics.steps]
     plain_sizes = [st.lookup_size for st in plain.metrics.steps]
-    assert calls and sum(plain_sizes[1:]) > 0
+    assert sum(plain_sizes[1:]) > 0
     if row_ms < 1:
         assert sizes == plain_sizes
     else:
@@ -102,7 +108,9 @@ def test_greedy_stays_lossless_and_copies_follow_the_price(runner, monkeypatch, 
 
 def test_sampling_keeps_its_copies_as_configured(runner, monkeypatch):
     """At T > 0 the gate stays out (a seeded run must not depend on timings)."""
-    monkeypatch.setattr(runner, "_copy_prices", lambda metrics: pytest.fail("the gate ran at T > 0"))
+    from eagle_trt.speculative import copy_gate
+
+    monkeypatch.setattr(copy_gate.CopyGate, "cut", lambda *a, **k: pytest.fail("the gate ran at T > 0"))
     opts = dict(tree="dynamic", beam_width=2, draft_length=2, total_tokens=3, lookup_tokens=6, max_new_tokens=30,
                 eos_token_ids=[], temperature=0.01, seed=3, adaptive_lookup=True)
     a = runner.generate([5, 6, 7, 8, 9] * 3, DecodeOptions(**opts))

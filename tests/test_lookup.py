@@ -5,7 +5,8 @@ import torch
 
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.llama import LlamaTarget
-from eagle_trt.runtime.runner import DecodeOptions, Runner, with_lookup
+from eagle_trt.runtime.copies import with_lookup
+from eagle_trt.runtime.runner import DecodeOptions, Runner
 from eagle_trt.speculative.lookup import NgramIndex, copy_budget, graft, trie_size, within_rows
 from eagle_trt.speculative.tree import tree_from_parents
 

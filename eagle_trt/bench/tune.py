@@ -65,7 +65,7 @@ def measure_costs(session, state: dict, settings: list[Setting], reps: int = 3,
     """draft ms per (k, d), extend ms per accepted count, verify ms per tree size (up to the largest tree plus
     `max_rows` copied rows), and ms to find and graft the copies of each lookup setting of `grid` (all medians)."""
     from eagle_trt.bench.roofline import default_sizes, forward_curve
-    from eagle_trt.runtime.runner import with_lookup
+    from eagle_trt.runtime.copies import with_lookup
     from eagle_trt.speculative.lookup import NgramIndex, copied_chains
 
     runner = session.runner

@@ -26,12 +26,11 @@ from eagle_trt.runtime.drafter import Drafter
 from eagle_trt.runtime.tree_drafter import TreeDrafter
 from eagle_trt.runtime.metrics import GenerationMetrics, StepRecord
 from eagle_trt.speculative.datastore import Datastore
-from eagle_trt.speculative.copy_gate import CopyGate, RowPrice
-from eagle_trt.speculative.lookup import (NgramIndex, copied_chains, copy_budget, graft, shared_prefix,
-                                          within_rows)
+from eagle_trt.runtime.copies import RequestCopies
+from eagle_trt.speculative.copy_gate import RowPrice
 from eagle_trt.speculative.sampling import SamplingParams, processed_probs, sample
 from eagle_trt.speculative.tree import (DEFAULT_STATIC_TREE, StaticLayout, Tree, chain_choices, static_layout,
-                                        tree_from_parents, trim_choices)
+                                        trim_choices)
 from eagle_trt.speculative.verify import verify_greedy, verify_sampling
 
 
@@ -201,9 +200,9 @@ class Runner:
             choices = chain_choices(opts.draft_length) if opts.tree == "chain" else (
                 opts.static_tree or trim_choices(DEFAULT_STATIC_TREE, opts.draft_length, opts.total_tokens))
             layouts = _StaticLayouts(choices)
-        index, emit = _indexed(prompt_ids, emit) if opts.lookup_tokens > 0 else (None, emit)
-        gate = (CopyGate(opts.lookup_tokens) if index is not None and opts.adaptive_lookup and self._params.greedy
-                and opts.posterior_threshold is None else None)
+        copies = (RequestCopies(prompt_ids, opts, self.datastore, self.row_price, self._params.greedy)
+                  if opts.lookup_tokens > 0 else None)
+        emit = copies.wrap(emit) if copies is not None else emit
         ids = torch.tensor(prompt_ids)
         need_aux = self.drafter.needs_features  # the target's layer features, only for a drafter that reads them
         t = time.perf_counter()
@@ -234,8 +233,8 @@ class Runner:
             tree, proposals = self._draft(root, opts, layouts, room)
             # Node indices: the drafter's nodes first, then the context's copies, then the datastore's.
             drafted = copied = tree.tokens.numel()
-            if index is not None:
-                tree, copied = self._with_copies(tree, index, opts, room, gate, metrics)
+            if copies is not None:
+                tree, copied = copies.graft(tree, room)
             t_verify = time.perf_counter()
             # One target forward over root + tree; node i sits at position n + depth(i).
             hidden, aux = self.target.hidden_states(tree.tokens, tree.positions(n), self.cache, tree.mask,
@@ -251,42 +250,15 @@ class Runner:
                 lookup_accepted=int((path >= drafted).sum()), lookup_size=tree.tokens.numel() - drafted,
                 datastore_accepted=int((path >= copied).sum()), datastore_size=tree.tokens.numel() - copied))
             misses = misses + 1 if not accepted else 0
-            self._priced(metrics)
+            self.row_price.add_step(tree.tokens.numel(), 1000 * (t_done - t_verify))
             if emit(accepted + [bonus]):
                 return
-            if gate is not None:
-                gate.stepped(int((path[1:] < drafted).sum()), index.tokens)
+            if copies is not None:
+                copies.stepped(path, drafted, carry_draft_s + t_done - t_draft, len(accepted) + 1)
             root = bonus
             t = time.perf_counter()
             self.drafter.extend(aux[path] if need_aux else None, torch.tensor(accepted + [bonus]))
             carry_draft_s = time.perf_counter() - t
-
-    def _with_copies(self, tree: Tree, index: NgramIndex, opts: DecodeOptions, room: int, gate: CopyGate | None,
-                     metrics) -> tuple[Tree, int]:
-        """The tree with this step's prompt-lookup copies grafted (cut by the gate where it runs, then to the row
-        cap), and the node count before the datastore's."""
-        chains, more = copied_chains(index, self.datastore, min(opts.lookup_tokens, room), opts.lookup_branches,
-                                     opts.datastore_branches)
-        if gate is not None:
-            gate.prices(*self._copy_prices(metrics))
-            start, tokens, parents = len(index.tokens), tree.tokens.tolist(), tree.parents.tolist()
-            chains = [c for c in gate.cut(chains, 0, start, [shared_prefix(tokens, parents, c) for c in chains]) if c]
-            more = [c for c in gate.cut(more, 1, start, [shared_prefix(tokens, parents, c) for c in more]) if c]
-        budget = copy_budget(opts.max_verify_rows, tree.tokens.numel())
-        return with_lookup(tree, *within_rows(chains, more, budget))
-
-    def _copy_prices(self, metrics) -> tuple[float | None, float | None]:
-        """(ms a verify row costs on this runner, ms of a step per token it emits in this request); None = not known
-        yet."""
-        steps = metrics.steps
-        emitted = sum(st.accepted + 1 for st in steps)
-        token_ms = 1000 * sum(st.draft_s + st.verify_s for st in steps) / emitted if emitted else None
-        return self.row_price.row_ms, token_ms
-
-    def _priced(self, metrics) -> None:
-        """Feed the last verify step's rows and time to the row price."""
-        step = metrics.steps[-1]
-        self.row_price.add_step(step.tree_size + 1, 1000 * step.verify_s)
 
     def _fallback(self, root: int, tokens: int, need_aux: bool, emit, metrics) -> tuple[int | None, float]:
         """The drafter keeps missing: decode `tokens` plainly (same target, same p: still lossless), then catch the
@@ -371,18 +343,6 @@ class Runner:
             raise InputError(f"prompt token ids must lie in [0, {vocab})")
 
 
-def _indexed(prompt_ids: list[int], emit) -> tuple[NgramIndex, Callable[[list[int]], bool]]:
-    """A prompt-lookup index over the prompt, and `emit` that keeps it current with every emitted token."""
-    index = NgramIndex()
-    index.extend(prompt_ids)
-
-    def indexed_emit(tokens: list[int]) -> bool:
-        index.extend(tokens)
-        return emit(tokens)
-
-    return index, indexed_emit
-
-
 class _StaticLayouts:
     """A static tree's layout, and the same tree cut to a smaller depth near the end of an answer (made once per
     depth)."""
@@ -397,17 +357,3 @@ class _StaticLayouts:
         if depth not in self._by_depth:
             self._by_depth[depth] = static_layout(trim_choices(self.choices, depth, len(self.choices)))
         return self._by_depth[depth]
-
-
-def with_lookup(tree: Tree, chains: list[list[int]], more: list[list[int]] = ()) -> tuple[Tree, int]:
-    """The draft tree plus each prompt-lookup chain, then each of `more`, as one more path from the root (the
-    same tree if they add nothing), built once. Also returns the node count before `more`'s nodes."""
-    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
-    for chain in chains:
-        tokens, parents, _ = graft(tokens, parents, chain)
-    boundary = len(tokens)
-    for chain in more:
-        tokens, parents, _ = graft(tokens, parents, chain)
-    if len(tokens) == tree.tokens.numel():
-        return tree, boundary
-    return tree_from_parents(torch.tensor(tokens), torch.tensor(parents)), boundary

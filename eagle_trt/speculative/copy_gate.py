@@ -20,7 +20,7 @@ chains pass whole: the configured behaviour.
 Lossless either way: this only chooses which guesses the target checks. Greedy only: the runtime leaves sampling's
 copies as configured, so a seeded sampled run does not depend on timings.
 
-    >>> gate = CopyGate(max_tokens=4)
+    >>> gate = CopyGate()
     >>> gate.prices(row_ms=1.0, token_ms=2.0)
     >>> gate.cut([[5, 6, 7, 8]], source=0, start=10)      # prior yield 0.2 x 2 ms < 1 ms a row: cut to nothing
     [[]]
@@ -53,7 +53,6 @@ class _Pending:
 class CopyGate:
     """Per request (make one per generation); `RowPrice` carries the row cost across requests."""
 
-    max_tokens: int
     hits: dict = field(default_factory=dict)  # (source, rank, j) -> extra accepted tokens at position j
     seen: dict = field(default_factory=dict)  # (source, rank, j) -> chains that reached position j
     row_ms: float | None = None
