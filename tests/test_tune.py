@@ -149,3 +149,19 @@ def test_step_overhead_is_what_the_model_leaves_out(tiny_checkpoint, tmp_path):
     assert whole > 0
     costly = {**free, "verify_ms": {1: 1e4, 64: 1e4}}
     assert measure_step_overhead(session, state, costly, tree, 16, reps=1) == 0.0
+
+
+def test_tune_prints_its_table_and_a_dry_run_stores_nothing(tiny_checkpoint, tmp_path):
+    from conftest import build_tiny_engine
+
+    engine = build_tiny_engine(tiny_checkpoint, tmp_path)  # its own: other tests here change the module's engine
+    before = (engine / "manifest.json").read_text()
+    for validate in ("1", "0"):  # the best line from measured runs, and from predictions alone
+        r = cli.invoke(app, ["tune", "--engine", str(engine), "--limit", "2", "--max-new-tokens", "24", "--positions",
+                             "4", "--max-depth", "3", "--beams", "1,2", "--validate", validate,
+                             "--validate-repeats", "1", "--dry-run"])
+        assert r.exit_code == 0, r.output
+        assert "eagle-trt tune: predicted tokens/s" in r.stdout and "best: beam_width=" in r.stdout
+        assert ("tok/s measured" in r.stdout) == (validate == "1")
+        assert "dry run: nothing stored" in r.stdout
+    assert (engine / "manifest.json").read_text() == before

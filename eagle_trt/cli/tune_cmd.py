@@ -86,27 +86,8 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
     from eagle_trt.runtime.session import Session
 
     require_engine(engine)
-    for name, value in (("--max-new-tokens", max_new_tokens), ("--max-depth", max_depth), ("--limit", limit),
-                        ("--validate-repeats", validate_repeats)):
-        if value < 1:
-            raise InputError(f"{name} must be >= 1, got {value}")
-    if positions < 0:
-        raise InputError(f"--positions must be >= 0 (0 = every position), got {positions}")
-    beam_list = _int_list("--beams", beams)
-    if validate < 0:
-        raise InputError(f"--validate must be >= 0, got {validate}")
-    lookup_tokens, lookup_branches, datastore_branches, caps = (_int_list(name, value) for name, value in zip(
-        ("--lookup-tokens", "--lookup-branches", "--datastore-branches", "--max-verify-rows"), lookup))
-    if any(c < 0 for c in caps):
-        raise InputError(f"--max-verify-rows must list integers >= 0 (0 = no cap), got {lookup[3]!r}")
-    for t in lookup_tokens:
-        check_lookup(t, None)
-    for b in lookup_branches:
-        check_lookup(None, b)
-    for b in datastore_branches:
-        check_lookup(None, None, b)
-    if not beam_list or min(beam_list) < 1:
-        raise InputError(f"--beams must list integers >= 1, got {beams!r}")
+    beam_list, (lookup_tokens, lookup_branches, datastore_branches, caps) = _checked_options(
+        max_new_tokens, max_depth, limit, validate, validate_repeats, positions, beams, lookup)
     apply_threads(threads)
     session = Session.open(engine, verify=not skip_verify)
     cfg = session.config
@@ -141,6 +122,42 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
     if json_out:
         print_json({**result, "ranked": result["ranked"][:top], "stored": stored})
         return
+    _report(result, top, session)
+    console.print(f"stored in {stored}" if stored else "dry run: nothing stored")
+
+
+def _checked_options(max_new_tokens, max_depth, limit, validate, validate_repeats, positions, beams, lookup
+                     ) -> tuple[list[int], tuple[list[int], ...]]:
+    """The numeric options checked (one-line errors naming the option); returns the beam list and the four lookup
+    lists (tokens, branches, datastore branches, row caps)."""
+    for name, value in (("--max-new-tokens", max_new_tokens), ("--max-depth", max_depth), ("--limit", limit),
+                        ("--validate-repeats", validate_repeats)):
+        if value < 1:
+            raise InputError(f"{name} must be >= 1, got {value}")
+    if positions < 0:
+        raise InputError(f"--positions must be >= 0 (0 = every position), got {positions}")
+    beam_list = _int_list("--beams", beams)
+    if validate < 0:
+        raise InputError(f"--validate must be >= 0, got {validate}")
+    lists = tuple(_int_list(name, value) for name, value in zip(
+        ("--lookup-tokens", "--lookup-branches", "--datastore-branches", "--max-verify-rows"), lookup))
+    lookup_tokens, lookup_branches, datastore_branches, caps = lists
+    if any(c < 0 for c in caps):
+        raise InputError(f"--max-verify-rows must list integers >= 0 (0 = no cap), got {lookup[3]!r}")
+    for t in lookup_tokens:
+        check_lookup(t, None)
+    for b in lookup_branches:
+        check_lookup(None, b)
+    for b in datastore_branches:
+        check_lookup(None, None, b)
+    if not beam_list or min(beam_list) < 1:
+        raise InputError(f"--beams must list integers >= 1, got {beams!r}")
+    return beam_list, lists
+
+
+def _report(result: dict, top: int, session) -> None:
+    """The ranked table, what was measured, the best setting and any note (AR beat every tree)."""
+    best, default, validation = result["best"], result["default"], result["validation"]
     table = Table(title="eagle-trt tune: predicted tokens/s (best first)", title_justify="left")
     table.add_column("", no_wrap=True)
     for col in ("beam", "depth", "total", "lookup", "rows", "τ", "draft ms", "update ms", "verify ms", "tok/s",
@@ -167,22 +184,7 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
         console.print(f"end to end ({validation['repeats']} repeats, median): plain AR "
                       f"{validation['ar_tokens_per_second']:.1f} tok/s; every speculative output matched it",
                       soft_wrap=True)
-        line = (f"best: beam_width={best['beam_width']} draft_length={best['draft_length']} "
-                f"total_tokens={best['total_tokens']} fallback_after={best['fallback_after']} "
-                f"lookup_tokens={best['lookup_tokens']} lookup_branches={best['lookup_branches']} "
-                f"datastore_branches={best['datastore_branches']} max_verify_rows={best['max_verify_rows']} "
-                f"({best['measured_tokens_per_second']:.1f} tok/s measured, "
-                f"{best['measured_tokens_per_second'] / validation['ar_tokens_per_second']:.2f}x AR")
-        if default:
-            line += f"; build default {default['measured_tokens_per_second']:.1f})"
-        else:
-            line += ")"
-    else:
-        line = (f"best: beam_width={best['beam_width']} draft_length={best['draft_length']} "
-                f"total_tokens={best['total_tokens']} lookup {_lookup_label(best)} "
-                f"({best['predicted_tokens_per_second']:.1f} tok/s predicted")
-        line += f", build default {default['predicted_tokens_per_second']:.1f})" if default else ")"
-    console.print(line, soft_wrap=True)
+    console.print(_best_line(best, default, validation), soft_wrap=True)
     if validation and validation["ar_tokens_per_second"] > best["measured_tokens_per_second"]:
         console.print(f"[yellow]note:[/] plain AR decoding ({validation['ar_tokens_per_second']:.1f} tok/s) beat every "
                       f"tree setting with this drafter (τ {best['measured_tau']:.2f}); {_better_drafter(session)}, "
@@ -191,7 +193,21 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
         console.print(f"[yellow]note:[/] plain AR decoding ({result['ar_predicted_tokens_per_second']:.1f} tok/s "
                       f"predicted) beats every tree setting with this drafter (τ {best['tau']:.2f}); "
                       f"{_better_drafter(session)}, or run with --mode ar")
-    console.print(f"stored in {stored}" if stored else "dry run: nothing stored")
+
+
+def _best_line(best: dict, default: dict | None, validation: dict | None) -> str:
+    if validation:
+        line = (f"best: beam_width={best['beam_width']} draft_length={best['draft_length']} "
+                f"total_tokens={best['total_tokens']} fallback_after={best['fallback_after']} "
+                f"lookup_tokens={best['lookup_tokens']} lookup_branches={best['lookup_branches']} "
+                f"datastore_branches={best['datastore_branches']} max_verify_rows={best['max_verify_rows']} "
+                f"({best['measured_tokens_per_second']:.1f} tok/s measured, "
+                f"{best['measured_tokens_per_second'] / validation['ar_tokens_per_second']:.2f}x AR")
+        return line + (f"; build default {default['measured_tokens_per_second']:.1f})" if default else ")")
+    line = (f"best: beam_width={best['beam_width']} draft_length={best['draft_length']} "
+            f"total_tokens={best['total_tokens']} lookup {_lookup_label(best)} "
+            f"({best['predicted_tokens_per_second']:.1f} tok/s predicted")
+    return line + (f", build default {default['predicted_tokens_per_second']:.1f})" if default else ")")
 
 
 def _better_drafter(session) -> str:

@@ -72,17 +72,8 @@ def inspect_checkpoint(cfg: EagleConfig, ckpt: Path) -> CheckpointPlan:
             raise CheckpointError(
                 f"checkpoint '{ckpt}' has no {sub.name}/ dir (is it `eagle-trt convert` output?)"
             )
-    tcfg_path, dcfg_path = tdir / "config.json", ddir / "config.json"
-    tcfg = _read_json(tcfg_path)
-    H, L, V, P = (
-        _int(tcfg, k, tcfg_path)
-        for k in ("hidden_size", "num_hidden_layers", "vocab_size", "max_position_embeddings")
-    )
-    target_weights = _target_shards(tdir, [V, H])
-    tokenizer_files = [tdir / n for n in TOKENIZER_FILES if (tdir / n).is_file()]
-    if not any(p.name in _TOKENIZER_CORE for p in tokenizer_files):
-        raise CheckpointError(f"no tokenizer in '{tdir}' (expected one of {', '.join(_TOKENIZER_CORE)})")
-
+    target = _inspect_target(tdir)
+    dcfg_path = ddir / "config.json"
     dcfg = _read_json(dcfg_path)
     dweights = ddir / "model.safetensors"
     if not dweights.is_file():
@@ -93,42 +84,51 @@ def inspect_checkpoint(cfg: EagleConfig, ckpt: Path) -> CheckpointPlan:
         what = "a small language model" if kind == "model" else "an EAGLE head"
         raise ConfigError(f"draft.kind is '{cfg.draft.kind}' but the draft in '{ddir}' is {what}; set draft.kind: "
                           f"{kind} or remove draft to take it from the checkpoint")
+    _check_positions(cfg, target.positions, target.config_path)
+    common = dict(target_config=target.config, target_weights=target.weights, tokenizer_files=target.tokenizer_files,
+                  target_extra_files=[p for p in [tdir / "generation_config.json"] if p.is_file()],
+                  draft_weights=dweights, target_info=_target_info(target.config, *target.hvl),
+                  kv_scales=check_kv_scales(ckpt / KV_SCALES_NAME, target.hvl[1]))
     if kind == "model":
-        _check_positions(cfg, P, tcfg_path)
         return CheckpointPlan(
-            target_config=tcfg, target_weights=target_weights, tokenizer_files=tokenizer_files,
-            target_extra_files=[p for p in [tdir / "generation_config.json"] if p.is_file()],
-            draft_weights=dweights, engine_draft_config=dcfg, architecture=None,
-            target_info=_target_info(tcfg, H, L, V),
+            **common, engine_draft_config=dcfg, architecture=None, head_kind="model",
             draft_info=check_model_draft(cfg, dcfg, dcfg_path, raw, dweights, tdir),
-            head_kind="model", kv_scales=check_kv_scales(ckpt / KV_SCALES_NAME, L),
             draft_config=DraftConfig(kind="model"),
-        )  # fmt: skip
-    arch = _draft_architecture(dcfg, dcfg_path, P)
-    heads_kv = _int(dcfg, "num_key_value_heads", dcfg_path, arch.num_attention_heads)
-    head_dim = _int(dcfg, "head_dim", dcfg_path, arch.hidden_size // arch.num_attention_heads)
-    if cfg.eagle_architecture is not None and cfg.eagle_architecture.hidden_size != H:
-        raise ConfigError(
-            f"eagle_architecture.hidden_size ({cfg.eagle_architecture.hidden_size}) does not match "
-            f"hidden_size ({H}) of the target in '{tcfg_path}'"
         )
-    if arch.hidden_size != H:
-        raise CheckpointError(
-            f"draft hidden_size ({arch.hidden_size}) in '{dcfg_path}' does not match the target "
-            f"hidden_size ({H}) in '{tcfg_path}'"
-        )
-    if cfg.eagle_architecture is not None:
-        pos_src = dcfg_path if "max_position_embeddings" in dcfg else tcfg_path
-        for name, want in cfg.eagle_architecture.model_dump().items():
-            have = getattr(arch, name)
-            if want != have:
-                src = pos_src if name == "max_position_embeddings" else dcfg_path
-                raise ConfigError(
-                    f"eagle_architecture.{name} ({want}) does not match {name} ({have}) in '{src}'"
-                )
+    return _head_plan(cfg, target, dcfg, dcfg_path, dweights, raw, common)
 
-    _check_positions(cfg, P, tcfg_path)
 
+@dataclass
+class _Target:
+    config: dict
+    config_path: Path
+    hvl: tuple[int, int, int]  # hidden_size, num_hidden_layers, vocab_size
+    positions: int
+    weights: list[Path]
+    tokenizer_files: list[Path]
+
+
+def _inspect_target(tdir: Path) -> _Target:
+    """The target's config, shapes, weight files and tokenizer, each checked."""
+    tcfg_path = tdir / "config.json"
+    tcfg = _read_json(tcfg_path)
+    H, L, V, P = (
+        _int(tcfg, k, tcfg_path)
+        for k in ("hidden_size", "num_hidden_layers", "vocab_size", "max_position_embeddings")
+    )
+    weights = _target_shards(tdir, [V, H])
+    tokenizer_files = [tdir / n for n in TOKENIZER_FILES if (tdir / n).is_file()]
+    if not any(p.name in _TOKENIZER_CORE for p in tokenizer_files):
+        raise CheckpointError(f"no tokenizer in '{tdir}' (expected one of {', '.join(_TOKENIZER_CORE)})")
+    return _Target(tcfg, tcfg_path, (H, L, V), P, weights, tokenizer_files)
+
+
+def _head_plan(cfg: EagleConfig, target: _Target, dcfg: dict, dcfg_path: Path, dweights: Path, raw: dict,
+               common: dict) -> CheckpointPlan:
+    """The plan for an EAGLE head: its architecture against the config and the target, its tensors' shapes, aux
+    layers, draft vocabulary and datastore."""
+    H, L, V = target.hvl
+    arch, heads_kv, head_dim = _head_architecture(cfg, dcfg, dcfg_path, target)
     # Official EAGLE-3 checkpoints call the decoder layer "midlayer"; check both layouts as one.
     key_map = {k: "layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k for k in raw}
     if len(set(key_map.values())) != len(key_map):
@@ -154,15 +154,13 @@ def inspect_checkpoint(cfg: EagleConfig, ckpt: Path) -> CheckpointPlan:
             raise CheckpointError(f"aux layer ids {aux} in '{dcfg_path}' are not layers of the {L}-layer target")
         check_eagle3_shapes(shapes, dweights, dcfg_path, arch, heads_kv, head_dim, len(aux))
     vocab = check_draft_vocab(shapes, dcfg, dweights, dcfg_path, H, V)
-    kv_scales = check_kv_scales(ckpt / KV_SCALES_NAME, L)
     from eagle_trt.engine.datastore_file import DATASTORE_NAME, check_datastore
 
-    datastore = ddir / DATASTORE_NAME
+    datastore = dweights.parent / DATASTORE_NAME
     if datastore.is_file():
         check_datastore(datastore, V)
     else:
         datastore = None
-
     # The checkpoint's draft config as-is (rope, eps: nothing guessed), plus every resolved shape
     # field, so the runtime never has to re-derive a default differently from these checks.
     engine_draft = {**dcfg, **arch.model_dump(), "num_key_value_heads": heads_kv, "head_dim": head_dim}
@@ -171,20 +169,43 @@ def inspect_checkpoint(cfg: EagleConfig, ckpt: Path) -> CheckpointPlan:
         eagle_cfg["eagle_aux_hidden_state_layer_ids"] = aux
         engine_draft.update(eagle_aux_hidden_state_layer_ids=aux, eagle_config=eagle_cfg)
     return CheckpointPlan(
-        target_config=tcfg,
-        target_weights=target_weights,
-        target_extra_files=[p for p in [tdir / "generation_config.json"] if p.is_file()],
-        tokenizer_files=tokenizer_files,
-        draft_weights=dweights,
+        **common,
         engine_draft_config=engine_draft,
         architecture=arch,
-        target_info=_target_info(tcfg, H, L, V),
         draft_info={"kind": kind, "hidden_size": H, "draft_vocab_size": vocab, "aux_layer_ids": aux},
         draft_config=DraftConfig(kind="eagle3") if kind == "eagle3" else cfg.draft,
         head_kind=kind,
-        kv_scales=kv_scales,
         datastore=datastore,
     )
+
+
+def _head_architecture(cfg: EagleConfig, dcfg: dict, dcfg_path: Path, target: _Target):
+    """The head's architecture from its config, checked against the target's hidden size and the config's
+    eagle_architecture: (arch, kv heads, head_dim)."""
+    H = target.hvl[0]
+    arch = _draft_architecture(dcfg, dcfg_path, target.positions)
+    heads_kv = _int(dcfg, "num_key_value_heads", dcfg_path, arch.num_attention_heads)
+    head_dim = _int(dcfg, "head_dim", dcfg_path, arch.hidden_size // arch.num_attention_heads)
+    if cfg.eagle_architecture is not None and cfg.eagle_architecture.hidden_size != H:
+        raise ConfigError(
+            f"eagle_architecture.hidden_size ({cfg.eagle_architecture.hidden_size}) does not match "
+            f"hidden_size ({H}) of the target in '{target.config_path}'"
+        )
+    if arch.hidden_size != H:
+        raise CheckpointError(
+            f"draft hidden_size ({arch.hidden_size}) in '{dcfg_path}' does not match the target "
+            f"hidden_size ({H}) in '{target.config_path}'"
+        )
+    if cfg.eagle_architecture is not None:
+        pos_src = dcfg_path if "max_position_embeddings" in dcfg else target.config_path
+        for name, want in cfg.eagle_architecture.model_dump().items():
+            have = getattr(arch, name)
+            if want != have:
+                src = pos_src if name == "max_position_embeddings" else dcfg_path
+                raise ConfigError(
+                    f"eagle_architecture.{name} ({want}) does not match {name} ({have}) in '{src}'"
+                )
+    return arch, heads_kv, head_dim
 
 
 def _check_positions(cfg: EagleConfig, positions: int, tcfg_path: Path) -> None:
