@@ -181,17 +181,7 @@ def convert_model(
         max_shard_size=max_shard_size, train_options=dict(batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
                                                            ttt_steps=ttt_steps, checkpoint_every=checkpoint_every,
                                                            seed=seed))
-    if head is None:
-        require_modelopt()
-        import_modelopt()  # before the model loads: see attach.import_modelopt
-    from .device import resolve_device
-
-    run_on = resolve_device(device) if train else None
-    out = check_output_dir(output_dir, overwrite)  # before the slow load, not after it
-    check_apart(model_path, out)
-    if head is not None:
-        check_apart(head, out, "the --head being shipped")
-    work = Path(work_dir).expanduser().absolute() if work_dir else out.parent / f".{out.name}.train"
+    run_on, out, work = _prepare(model_path, output_dir, overwrite, head, train, device, work_dir)
     stages = Stages(progress)
 
     with stages.stage("load", f"Loading {model_path}"):
@@ -219,27 +209,49 @@ def convert_model(
                 on_step=on_step), draft_vocab_size, eos)
             del model
             gc.collect()
-            manifest, val_prompts_ids = _draft_manifest(info, steps, *trained)
-            write_manifest(stage, manifest)
-            if train and validate:
-                report = _validate(stage, tokenizer, val_prompts_ids, manifest["training"], val_max_new_tokens,
-                                   stages)
-            if calibrate_kv:
-                manifest["kv_calibration"] = _calibrate(stage, tokenizer, val_prompts_ids, stages)
+            manifest, report = _check_head(stage, tokenizer, stages, _draft_manifest(info, steps, *trained),
+                                           validate=train and validate, calibrate_kv=calibrate_kv,
+                                           val_max_new_tokens=val_max_new_tokens)
         write_manifest(stage, manifest)
     if train and work_dir is None:
         shutil.rmtree(work, ignore_errors=True)  # the default work dir only serves resume after a Ctrl-C
-    summary = {
-        "output_dir": str(out),
-        "target_dir": str(out / "target"),
-        "draft_dir": str(out / "draft"),
-        **manifest,
-        "timings_s": stages.timings,
-        "peak_rss_mb": stages.peak_rss_mb,
-    }
+    summary = {"output_dir": str(out), "target_dir": str(out / "target"), "draft_dir": str(out / "draft"),
+               **manifest, "timings_s": stages.timings, "peak_rss_mb": stages.peak_rss_mb}
     if report is not None:
         summary["validation"] = report["validation"]
     return ConvertResult(out, out / "target", out / "draft", summary)
+
+
+def _prepare(model_path, output_dir, overwrite: bool, head: Path | None, train: bool, device: str | None,
+             work_dir) -> tuple[object, Path, Path]:
+    """Everything checked before the slow load: modelopt (for a head made here), the device, the output dir (not
+    the model's or the shipped head's). Returns (the training device or None, the output dir, the work dir)."""
+    if head is None:
+        require_modelopt()
+        import_modelopt()  # before the model loads: see attach.import_modelopt
+    from .device import resolve_device
+
+    run_on = resolve_device(device) if train else None
+    out = check_output_dir(output_dir, overwrite)
+    check_apart(model_path, out)
+    if head is not None:
+        check_apart(head, out, "the --head being shipped")
+    work = Path(work_dir).expanduser().absolute() if work_dir else out.parent / f".{out.name}.train"
+    return run_on, out, work
+
+
+def _check_head(stage: Path, tokenizer, stages, made: tuple[dict, list], validate: bool, calibrate_kv: bool,
+                val_max_new_tokens: int) -> tuple[dict, dict | None]:
+    """After a head was made here: its manifest written, then (as asked) the held-out validation report and the
+    FP8 KV-cache calibration, which lands in the manifest. Returns (manifest, report or None)."""
+    manifest, val_prompts_ids = made
+    write_manifest(stage, manifest)
+    report = None
+    if validate:
+        report = _validate(stage, tokenizer, val_prompts_ids, manifest["training"], val_max_new_tokens, stages)
+    if calibrate_kv:
+        manifest["kv_calibration"] = _calibrate(stage, tokenizer, val_prompts_ids, stages)
+    return manifest, report
 
 
 def _draft_manifest(info, steps: int, draft_config: dict, training: dict, val_prompts: list) -> tuple[dict, list]:
