@@ -190,25 +190,11 @@ def train_head(model, cache: FeatureCache, cfg: TrainConfig, checkpoint_path: st
     config = {"cache_key": cache.key, "batch_size": cfg.batch_size, "ttt_steps": cfg.ttt_steps, "seed": cfg.seed,
               **(run_config or {})}
 
-    model.eagle_offline = True  # take the features from base_model_outputs, not from a target forward
-    model.eagle_ttt_steps = cfg.ttt_steps
-    model.eagle_mix_hidden_states = False
-    base_cfg = model._base_llm_config
-    if not isinstance(getattr(base_cfg, "dtype", None), torch.dtype):
-        # save_pretrained leaves config.dtype as a string; modelopt's TTT masks call torch.finfo on it.
-        base_cfg.dtype = next(model.eagle_module.parameters()).dtype
+    _offline_mode(model, cfg)
     params = [p for _, p in _trainable(model)]
     device = params[0].device  # the caller placed the model; batches follow it
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-    step, history = 0, []
-    if resume and checkpoint_path.is_file():
-        meta = load_checkpoint(checkpoint_path, model, optimizer)
-        diff = sorted(k for k in set(config) | set(meta["config"]) if config.get(k) != meta["config"].get(k))
-        if diff:
-            raise InputError(f"cannot resume from {checkpoint_path}: it was trained with different settings "
-                             f"({', '.join(diff)}); rerun with the same options or without resume")
-        step, history = meta["step"], meta["history"]
+    step, history = _resumed(checkpoint_path, model, optimizer, config) if resume else (0, [])
     resumed_from = step
 
     console = None
@@ -236,22 +222,9 @@ def train_head(model, cache: FeatureCache, cfg: TrainConfig, checkpoint_path: st
                     model._cached_attn_blk_masks = {}
                     last_width = batch["input_ids"].shape[1]
                 lr = cfg.lr_at(step, total)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                            loss_mask=batch["attention_mask"],
-                            base_model_outputs={"aux_hidden_states": batch["aux"],
-                                                "base_model_hidden_states": batch["hidden"]})
-                loss = out.loss
-                if not torch.isfinite(loss):
-                    raise RuntimeError(f"training diverged at step {step + 1} (loss {loss.item()}); lower --lr")
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                loss, acc = _optimizer_step(model, batch, optimizer, params, cfg.grad_clip, lr, step)
                 step += 1
-                acc = [round(float(a), 4) for a in out.train_acc[0]]
-                record = {"step": step, "loss": round(loss.item(), 5), "acc": acc, "lr": lr}
+                record = {"step": step, "loss": loss, "acc": acc, "lr": lr}
                 history.append(record)
                 result.steps = step
                 ema_loss = record["loss"] if ema_loss is None else 0.9 * ema_loss + 0.1 * record["loss"]
@@ -274,6 +247,48 @@ def train_head(model, cache: FeatureCache, cfg: TrainConfig, checkpoint_path: st
         model.eval()
         model._cached_attn_blk_masks = {}
     return result
+
+
+def _offline_mode(model, cfg: TrainConfig) -> None:
+    """modelopt's EAGLE model set to train from cached features (no target forward), with cfg's TTT steps."""
+    model.eagle_offline = True  # take the features from base_model_outputs, not from a target forward
+    model.eagle_ttt_steps = cfg.ttt_steps
+    model.eagle_mix_hidden_states = False
+    base_cfg = model._base_llm_config
+    if not isinstance(getattr(base_cfg, "dtype", None), torch.dtype):
+        # save_pretrained leaves config.dtype as a string; modelopt's TTT masks call torch.finfo on it.
+        base_cfg.dtype = next(model.eagle_module.parameters()).dtype
+
+
+def _resumed(checkpoint_path: Path, model, optimizer, config: dict) -> tuple[int, list]:
+    """(step, history) of the checkpoint at checkpoint_path, loaded into model and optimizer, if there is one and
+    it was trained with the same config; (0, []) without one."""
+    if not checkpoint_path.is_file():
+        return 0, []
+    meta = load_checkpoint(checkpoint_path, model, optimizer)
+    diff = sorted(k for k in set(config) | set(meta["config"]) if config.get(k) != meta["config"].get(k))
+    if diff:
+        raise InputError(f"cannot resume from {checkpoint_path}: it was trained with different settings "
+                         f"({', '.join(diff)}); rerun with the same options or without resume")
+    return meta["step"], meta["history"]
+
+
+def _optimizer_step(model, batch: dict, optimizer, params: list, grad_clip: float, lr: float, step: int
+                    ) -> tuple[float, list[float]]:
+    """One optimizer step at learning rate lr on a batch of cached features: (loss, top-1 accuracy per TTT step)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                loss_mask=batch["attention_mask"],
+                base_model_outputs={"aux_hidden_states": batch["aux"], "base_model_hidden_states": batch["hidden"]})
+    loss = out.loss
+    if not torch.isfinite(loss):
+        raise RuntimeError(f"training diverged at step {step + 1} (loss {loss.item()}); lower --lr")
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return round(loss.item(), 5), [round(float(a), 4) for a in out.train_acc[0]]
 
 
 class _Null:
