@@ -80,8 +80,31 @@ def markdown(results: dict) -> str:
               f"max_new_tokens {cfg.get('max_new_tokens')}, repeats {cfg.get('repeats')}, "
               f"threads {cfg.get('threads')}, kernels {cfg.get('kernels', '?')}",
               f"- command: `{cfg.get('command', '')}`", ""]
+    lines += _checks_md(results) + _summary_md(results)
+    lines += ["## Methods", ""]
+    for m, settings in results["methods"].items():
+        lines.append(f"- `{m}`: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    lines.append("")
+    lines += _roofline_md(results)
+    if results.get("tuned"):
+        tree = "draft-model" if "draft-model" in results["summary"] else "tree"
+        lines += ["## Tuned defaults", "", f"`{tree}` uses the settings stored by `eagle-trt tune`: "
+                  + ", ".join(f"{k}={v}" for k, v in results["tuned"].items()) + "."]
+        sp = results["speedups"].get(tree, {}).get(f"{tree}-untuned")
+        if sp:
+            lines.append(f"Against the build config's settings (`{tree}-untuned`): {_speedup(sp)}.")
+        lines.append("")
+    lines += _per_prompt_md(results)
+    if results.get("plots"):
+        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in results["plots"]]
+    return "\n".join(lines) + "\n"
+
+
+def _checks_md(results: dict) -> list[str]:
+    """Whether every speculative output equalled AR (the failures if not), and HF's own differences."""
     failures, warnings = results["failures"], results["warnings"]
     n_checks = sum(1 for c in results["checks"] if c["fatal"])
+    lines = []
     if failures:
         lines += [f"**FAILED: {len(failures)} of {n_checks} speculative outputs differ from plain AR decoding.**", ""]
         for c in failures[:20]:
@@ -96,9 +119,14 @@ def markdown(results: dict) -> str:
             lines.append(f"- {c['method']} vs {c['reference']} on {c['prompt']}: first difference at token "
                          f"{c['first_difference']}")
         lines.append("")
+    return lines
+
+
+def _summary_md(results: dict) -> list[str]:
+    """The summary table (one row per method, speedups against each baseline) and what the copies brought."""
     baselines = results["baselines"]
-    lines += ["## Summary", "", "Tokens/s over the whole prompt set per repeat: median (min). Speedups are "
-              "ratios within each repeat: median (min).", ""]
+    lines = ["## Summary", "", "Tokens/s over the whole prompt set per repeat: median (min). Speedups are "
+             "ratios within each repeat: median (min).", ""]
     head = ["method", "tok/s", "τ", "accept by depth", "draft ms/step", "verify ms/step"]
     head += [f"vs {b}" for b in baselines]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -116,43 +144,39 @@ def markdown(results: dict) -> str:
                   f"({look['lookup_accepted'] / look['draft_accepted']:.0%}) came from the prompt-lookup branches"
                   + (f", {look['datastore_accepted']} of them from the datastore." if look.get("datastore_accepted")
                      else "."), ""]
-    lines += ["## Methods", ""]
-    for m, settings in results["methods"].items():
-        lines.append(f"- `{m}`: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
-    lines.append("")
-    roof = results.get("roofline")
-    machine = results.get("machine")
-    if roof and machine:
-        lines += ["## Roofline", "",
-                  f"- memory copy bandwidth: {machine['copy_bandwidth_gb_s']:.2f} GB/s (measured in this run, "
-                  f"threads: {machine['threads']})",
-                  f"- target weights read per token: {roof['weight_mb_per_token']:.1f} MB",
-                  f"- roofline (bandwidth / weight bytes): {roof['roofline_tokens_per_second']:.1f} tokens/s"]
-        for name in ("ar", "hf"):
-            if f"{name}_fraction_of_roofline" in roof:
-                lines.append(f"- `{name}` plain decoding reaches {roof[f'{name}_fraction_of_roofline']:.1%} "
-                             "of the roofline")
-        if "forward_16_over_1" in roof:
-            lines.append(f"- a forward over 16 tree tokens costs {roof['forward_16_over_1']:.2f}× a 1-token forward")
-        for name in DRAFT_SHARE_METHODS:
-            if f"{name}_draft_share" in roof:
-                lines.append(f"- drafting is {roof[f'{name}_draft_share']:.1%} of a `{name}` step (draft + verify)")
-        lines += ["", f"Verify-cost curve (target forward after {machine['context_tokens']} cached tokens):", "",
-                  "| tokens | ms | ms / token |", "|---|---|---|"]
-        for t, ms in sorted((int(k), v) for k, v in machine["forward_ms"].items()):
-            lines.append(f"| {t} | {ms:.2f} | {ms / t:.2f} |")
-        lines.append("")
-    if results.get("tuned"):
-        tree = "draft-model" if "draft-model" in results["summary"] else "tree"
-        lines += ["## Tuned defaults", "", f"`{tree}` uses the settings stored by `eagle-trt tune`: "
-                  + ", ".join(f"{k}={v}" for k, v in results["tuned"].items()) + "."]
-        sp = results["speedups"].get(tree, {}).get(f"{tree}-untuned")
-        if sp:
-            lines.append(f"Against the build config's settings (`{tree}-untuned`): {_speedup(sp)}.")
-        lines.append("")
-    lines += ["## Per prompt", "",
-              "| prompt | method | tok/s median (min) | τ | accept by depth | draft ms | verify ms |",
-              "|---|---|---|---|---|---|---|"]
+    return lines
+
+
+def _roofline_md(results: dict) -> list[str]:
+    """This run's bandwidth, the roofline and each method's share of it, and the verify-cost curve."""
+    roof, machine = results.get("roofline"), results.get("machine")
+    if not (roof and machine):
+        return []
+    lines = ["## Roofline", "",
+             f"- memory copy bandwidth: {machine['copy_bandwidth_gb_s']:.2f} GB/s (measured in this run, "
+             f"threads: {machine['threads']})",
+             f"- target weights read per token: {roof['weight_mb_per_token']:.1f} MB",
+             f"- roofline (bandwidth / weight bytes): {roof['roofline_tokens_per_second']:.1f} tokens/s"]
+    for name in ("ar", "hf"):
+        if f"{name}_fraction_of_roofline" in roof:
+            lines.append(f"- `{name}` plain decoding reaches {roof[f'{name}_fraction_of_roofline']:.1%} "
+                         "of the roofline")
+    if "forward_16_over_1" in roof:
+        lines.append(f"- a forward over 16 tree tokens costs {roof['forward_16_over_1']:.2f}× a 1-token forward")
+    for name in DRAFT_SHARE_METHODS:
+        if f"{name}_draft_share" in roof:
+            lines.append(f"- drafting is {roof[f'{name}_draft_share']:.1%} of a `{name}` step (draft + verify)")
+    lines += ["", f"Verify-cost curve (target forward after {machine['context_tokens']} cached tokens):", "",
+              "| tokens | ms | ms / token |", "|---|---|---|"]
+    for t, ms in sorted((int(k), v) for k, v in machine["forward_ms"].items()):
+        lines.append(f"| {t} | {ms:.2f} | {ms / t:.2f} |")
+    return lines + [""]
+
+
+def _per_prompt_md(results: dict) -> list[str]:
+    lines = ["## Per prompt", "",
+             "| prompt | method | tok/s median (min) | τ | accept by depth | draft ms | verify ms |",
+             "|---|---|---|---|---|---|---|"]
     for pid, methods in results["per_prompt"].items():
         for m, d in methods.items():
             tps = d["tokens_per_second"]
@@ -161,9 +185,7 @@ def markdown(results: dict) -> str:
             lines.append(f"| {pid} | `{m}` | {tps['median']:.2f} ({tps['min']:.2f}) | {tau} | "
                          f"{' '.join(f'{a:.2f}' for a in depth) or '–'} | "
                          f"{_f(d.get('draft_ms'), '.1f')} | {_f(d.get('verify_ms'), '.1f')} |")
-    if results.get("plots"):
-        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in results["plots"]]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def write_markdown(results: dict, out: Path) -> Path:
