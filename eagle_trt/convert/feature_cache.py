@@ -132,21 +132,6 @@ def build_feature_cache(model, sequences: list[list[int]], aux_layer_ids: list[i
     shards: list[str] = []
     pending: list[dict[str, torch.Tensor]] = []
 
-    def flush():
-        if not pending:
-            return
-        lengths = [p["input_ids"].shape[0] for p in pending]
-        offsets = torch.tensor([0] + lengths).cumsum(0)
-        name = f"shard-{len(shards):05d}.safetensors"
-        save_file({
-            "input_ids": torch.cat([p["input_ids"] for p in pending]).to(torch.int32),
-            "aux": torch.cat([p["aux"] for p in pending]).contiguous(),
-            "hidden": torch.cat([p["hidden"] for p in pending]).contiguous(),
-            "offsets": offsets.to(torch.int64),
-        }, str(cache_dir / name))
-        shards.append(name)
-        pending.clear()
-
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))  # little padding per batch
     was_training = model.training
     model.eval()
@@ -155,11 +140,7 @@ def build_feature_cache(model, sequences: list[list[int]], aux_layer_ids: list[i
             pending_tokens = 0
             for b in range(0, len(order), batch_size):
                 idx = order[b:b + batch_size]
-                width = max(len(sequences[i]) for i in idx)
-                ids = torch.zeros((len(idx), width), dtype=torch.long)
-                mask = torch.zeros((len(idx), width), dtype=torch.long)
-                for r, i in enumerate(idx):
-                    ids[r, :len(sequences[i])], mask[r, :len(sequences[i])] = torch.tensor(sequences[i]), 1
+                ids, mask = _padded([sequences[i] for i in idx])
                 caught.clear()
                 hidden = base(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state  # post norm
                 aux = torch.cat([caught[i] for i in sorted(aux_layer_ids)], dim=-1).to(dtype).cpu()
@@ -173,11 +154,11 @@ def build_feature_cache(model, sequences: list[list[int]], aux_layer_ids: list[i
                                     "hidden": hidden[r, :n].clone()})
                     pending_tokens += n
                 if pending_tokens >= SHARD_TOKENS:
-                    flush()
+                    _write_shard(cache_dir, pending, shards)
                     pending_tokens = 0
                 if bar is not None:
                     bar.advance(task, len(idx))
-        flush()
+        _write_shard(cache_dir, pending, shards)
     finally:
         for h in hooks:
             h.remove()
@@ -189,6 +170,36 @@ def build_feature_cache(model, sequences: list[list[int]], aux_layer_ids: list[i
         "hidden_size": model.config.hidden_size, "vocab_size": vocab,
     })
     return FeatureCache(cache_dir)
+
+
+def _padded(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids right-padded with zeros to the longest, and the attention mask."""
+    width = max(len(q) for q in seqs)
+    ids = torch.zeros((len(seqs), width), dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, q in enumerate(seqs):
+        ids[r, :len(q)], mask[r, :len(q)] = torch.tensor(q), 1
+    return ids, mask
+
+
+def _write_shard(cache_dir: Path, pending: list[dict[str, torch.Tensor]], shards: list[str]) -> None:
+    """The pending sequences as the next shard (concatenated, with their offsets); appends its name, empties
+    pending."""
+    from safetensors.torch import save_file
+
+    if not pending:
+        return
+    lengths = [p["input_ids"].shape[0] for p in pending]
+    offsets = torch.tensor([0] + lengths).cumsum(0)
+    name = f"shard-{len(shards):05d}.safetensors"
+    save_file({
+        "input_ids": torch.cat([p["input_ids"] for p in pending]).to(torch.int32),
+        "aux": torch.cat([p["aux"] for p in pending]).contiguous(),
+        "hidden": torch.cat([p["hidden"] for p in pending]).contiguous(),
+        "offsets": offsets.to(torch.int64),
+    }, str(cache_dir / name))
+    shards.append(name)
+    pending.clear()
 
 
 __all__ = ["CACHE_FORMAT", "SHARD_TOKENS", "FeatureCache", "build_feature_cache", "load_feature_cache"]
