@@ -1,11 +1,9 @@
-"""Engine build + open: layout, hashes, determinism, dtype cast, integrity errors. Tiny model, CPU, fast."""
+"""Engine build: layout, hashes, determinism, dtype cast, checkpoint checks (opening one: test_engine_open.py).
+Tiny model, CPU, fast."""
 
 from __future__ import annotations
 
 import json
-import shutil
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,79 +11,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from eagle_trt.config import EagleArchitecture, EagleConfig, load_config
-from eagle_trt.engine import build_engine, open_engine, read_manifest, sha256_file
-from eagle_trt.errors import CheckpointError, ConfigError, EngineIntegrityError, InputError
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from make_tiny_model import make_tiny_model  # noqa: E402
-
-H, HEADS, KV, HD, INTER, AUX, DRAFT_VOCAB = 64, 4, 2, 16, 128, [1, 3, 4], 32
-
-
-def draft_tensors(hidden: int = H, official: bool = False) -> dict[str, torch.Tensor]:
-    """A random EAGLE-3 head with modelopt names (or official midlayer.* names)."""
-    g = torch.Generator().manual_seed(0)
-    layer = {
-        "self_attn.q_proj.weight": [HEADS * HD, 2 * hidden],
-        "self_attn.k_proj.weight": [KV * HD, 2 * hidden],
-        "self_attn.v_proj.weight": [KV * HD, 2 * hidden],
-        "self_attn.o_proj.weight": [hidden, HEADS * HD],
-        "mlp.gate_proj.weight": [INTER, hidden],
-        "mlp.up_proj.weight": [INTER, hidden],
-        "mlp.down_proj.weight": [hidden, INTER],
-        "input_layernorm.weight": [hidden],
-        "hidden_norm.weight": [hidden],
-        "post_attention_layernorm.weight": [hidden],
-    }
-    prefix = "midlayer." if official else "layers.0."
-    shapes = {prefix + k: s for k, s in layer.items()}
-    shapes.update({"fc.weight": [hidden, len(AUX) * hidden], "norm.weight": [hidden], "lm_head.weight": [DRAFT_VOCAB, hidden]})
-    out = {k: torch.randn(s, generator=g) for k, s in shapes.items()}
-    out["d2t"] = torch.arange(DRAFT_VOCAB, dtype=torch.int64)  # draft id i -> target id 2*i
-    return out
-
-
-def draft_config(**changes) -> dict:
-    cfg = dict(
-        architectures=["LlamaForCausalLMEagle3"], hidden_size=H, num_attention_heads=HEADS,
-        num_key_value_heads=KV, head_dim=HD, intermediate_size=INTER, num_hidden_layers=1,
-        draft_vocab_size=DRAFT_VOCAB, vocab_size=260,
-        eagle_config={"eagle_aux_hidden_state_layer_ids": AUX, "use_aux_hidden_state": True},
-    )  # fmt: skip
-    return {**cfg, **changes}
-
-
-def kv_scales(layers: int = 8) -> dict[str, torch.Tensor]:
-    return {"target.k_scales": torch.full((layers,), 0.02), "target.v_scales": torch.full((layers,), 0.03),
-            "draft.k_scales": torch.full((1,), 0.05), "draft.v_scales": torch.full((1,), 0.04)}  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def base_ckpt(tmp_path_factory) -> Path:
-    ckpt = tmp_path_factory.mktemp("base") / "ckpt"
-    make_tiny_model(ckpt / "target")
-    (ckpt / "draft").mkdir()
-    save_file(draft_tensors(), str(ckpt / "draft" / "model.safetensors"))
-    (ckpt / "draft" / "config.json").write_text(json.dumps(draft_config()))
-    (ckpt / "convert.json").write_text("{}")
-    return ckpt
-
-
-@pytest.fixture
-def ckpt(base_ckpt, tmp_path) -> Path:
-    return Path(shutil.copytree(base_ckpt, tmp_path / "ckpt"))
-
-
-@pytest.fixture
-def cfg() -> EagleConfig:
-    # The tiny target has 1024 positions, so the SmolLM2 defaults (2048 + 512) would not fit.
-    return EagleConfig(name="tiny", dtype="float32", max_input_len=512, max_output_len=256, draft_length=4,
-                       total_tokens=16, max_beam_width=4)
-
-
-@pytest.fixture
-def engine(cfg, ckpt, tmp_path) -> Path:
-    return build_engine(cfg, ckpt, tmp_path / "engines" / "tiny").engine_dir
+from eagle_trt.engine import build_engine, read_manifest, sha256_file
+from eagle_trt.errors import CheckpointError, ConfigError, InputError
+from engine_support import (AUX, DRAFT_VOCAB, H, HD, HEADS, INTER, KV, base_ckpt, cfg, ckpt,  # noqa: F401
+                            draft_config, draft_tensors, engine, kv_scales)
 
 
 def test_build_layout_and_manifest(cfg, ckpt, tmp_path):
@@ -199,66 +128,6 @@ def test_refuses_to_replace_a_non_engine_dir(cfg, ckpt, tmp_path):
     assert str(info.value) == f"refusing to replace '{tmp_path / 'stuff'}': it is not empty and has no manifest.json"
 
 
-def test_open_engine(engine):
-    eng = open_engine(engine)
-    assert eng.root == engine and eng.config.name == "tiny" and eng.manifest.draft.aux_layer_ids == AUX
-    assert (eng.target_dir / "model.safetensors").is_file() and (eng.draft_dir / "config.json").is_file()
-    assert (eng.tokenizer_dir / "tokenizer.json").is_file()
-
-
-def test_tampered_byte(engine):
-    path = engine / "draft" / "model.safetensors"
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF
-    path.write_bytes(bytes(data))
-    open_engine(engine, verify=False)  # same size: only hashing can tell
-    with pytest.raises(EngineIntegrityError, match=rf"^engine file '{path}' does not match its sha256 in manifest.json \("):
-        open_engine(engine)
-
-
-def test_truncated_file(engine):
-    path = engine / "target" / "model.safetensors"
-    size = path.stat().st_size
-    path.write_bytes(path.read_bytes()[:1000])
-    with pytest.raises(EngineIntegrityError) as info:
-        open_engine(engine, verify=False)
-    assert str(info.value) == f"engine file '{path}' has 1000 bytes, manifest.json says {size} (truncated or replaced)"
-
-
-def test_missing_manifest(engine):
-    (engine / "manifest.json").unlink()
-    with pytest.raises(EngineIntegrityError) as info:
-        open_engine(engine, verify=False)
-    assert str(info.value) == (
-        f"'{engine / 'manifest.json'}' not found: '{engine}' is not an engine dir or its build did not finish"
-    )
-
-
-def test_unparseable_manifest(engine):
-    (engine / "manifest.json").write_text("{not json")
-    with pytest.raises(EngineIntegrityError, match=r"manifest.json' is not valid JSON: "):
-        open_engine(engine)
-
-
-def test_deleted_file(engine):
-    (engine / "tokenizer" / "tokenizer.json").unlink()
-    with pytest.raises(EngineIntegrityError) as info:
-        open_engine(engine)
-    assert str(info.value) == f"engine file '{engine / 'tokenizer' / 'tokenizer.json'}' is missing (listed in manifest.json)"
-
-
-def test_extra_weight_file(engine):
-    (engine / "draft" / "extra.safetensors").write_bytes(b"x")
-    with pytest.raises(EngineIntegrityError) as info:
-        open_engine(engine)
-    assert str(info.value) == f"engine dir '{engine}' has a weight file not in manifest.json: 'draft/extra.safetensors'"
-
-
-def test_missing_engine_dir(tmp_path):
-    with pytest.raises(CheckpointError, match=r"^engine dir '.*nope' not found$"):
-        open_engine(tmp_path / "nope")
-
-
 def test_head_hidden_size_mismatch(cfg, ckpt, tmp_path):
     (ckpt / "draft" / "config.json").write_text(json.dumps(draft_config(hidden_size=32)))
     with pytest.raises(CheckpointError) as info:
@@ -368,36 +237,3 @@ def test_fp8_kv_allowed_on_torch(cfg, ckpt, tmp_path):
 def test_trtllm_rejects_float32(cfg, ckpt, tmp_path):
     with pytest.raises(ConfigError, match=r"^dtype float32 is not supported by backend trtllm \(use float16 or bfloat16\)$"):
         build_engine(cfg.model_copy(update={"backend": "trtllm"}), ckpt, tmp_path / "e", dry_run=True)
-
-
-def test_a_file_hashed_before_is_not_hashed_again_until_written(engine, monkeypatch, tmp_path):
-    """open_engine re-hashes only files written since this machine last hashed them; inspect always hashes."""
-    import os
-    import time
-
-    import eagle_trt.engine.engine_dir as engine_dir
-    from eagle_trt.engine import verified
-
-    monkeypatch.setenv("EAGLE_TRT_WEIGHT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(verified, "RACY_S", 0.0)
-    hashed = []
-    real = engine_dir.sha256_file
-    monkeypatch.setattr(engine_dir, "sha256_file", lambda p: hashed.append(p.name) or real(p))
-    open_engine(engine)
-    first = len(hashed)
-    assert first > 3
-    open_engine(engine)
-    assert len(hashed) == first  # nothing hashed the second time
-    weights = engine / "target" / "model.safetensors"
-    data = bytearray(weights.read_bytes())
-    data[-1] ^= 1
-    st = weights.stat()
-    time.sleep(0.01)
-    weights.write_bytes(bytes(data))
-    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size and mtime: only ctime tells
-    with pytest.raises(EngineIntegrityError, match="modified after the build"):
-        open_engine(engine)
-    open_engine(engine, verify=False)
-    hashed.clear()
-    with pytest.raises(EngineIntegrityError):
-        open_engine(engine, rehash=True)
