@@ -17,6 +17,27 @@ SCHEMA = json.loads((FIXTURES / "trtllm_schema.json").read_text())
 CONTRACTS = {line: json.loads((FIXTURES / f"trtllm_contract_{line.replace('+', '')}.json").read_text())
              for line in ("1.2", "1.3+")}  # fmt: skip
 VERSIONS = {"1.2": "1.2.1", "1.3+": "1.3.0rc27"}  # an installed release of each line, for the fake
+AUX = [1, 3, 4]  # the aux layers of the tiny checkpoint's head
+
+
+def tiny_trtllm_checkpoint(tiny_model_dir: Path, root: Path) -> Path:
+    """The tiny target with a random EAGLE-3 head reading AUX, as `eagle-trt convert` lays it out."""
+    import shutil
+
+    from conftest import write_random_head
+
+    shutil.copytree(tiny_model_dir, root / "target")
+    write_random_head(root / "draft", aux=tuple(AUX))
+    return root
+
+
+def trt_cfg(**changes):
+    """An EagleConfig for a trtllm bundle of the tiny checkpoint (bf16, tree limits that fit it)."""
+    from eagle_trt.config import EagleConfig
+
+    base = dict(name="tiny", backend="trtllm", dtype="bfloat16", max_input_len=512, max_output_len=256,
+                draft_length=4, total_tokens=16, max_beam_width=4, lookup_tokens=0)  # fmt: skip
+    return EagleConfig(**{**base, **changes})
 
 
 def line_fields(line: str, cls: str) -> set[str]:
