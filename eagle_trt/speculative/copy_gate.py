@@ -46,7 +46,7 @@ class _Pending:
     rank: int
     start: int  # index in the emitted history of the chain's first token
     shared: int = 0  # leading tokens that were already a path of the head's tree (no row of their own)
-    head: int = -1  # tokens the head's path accepted that step (-1 = the step's outcome not yet known)
+    head: int = 0  # tokens the head's path accepted that step (set by `stepped`)
 
 
 @dataclass
@@ -93,18 +93,12 @@ class CopyGate:
             pend.head = head_accepted
         self._pending += self._open
         self._open = []
-        self._score(history, final=False)
+        self._score(history)
 
-    def finish(self, history: list[int]) -> None:
-        """The request ended: score what is left against the text there is."""
-        self._pending += self._open
-        self._open = []
-        self._score(history, final=True)
-
-    def _score(self, history: list[int], final: bool) -> None:
+    def _score(self, history: list[int]) -> None:
         keep = []
         for pend in self._pending:
-            if pend.head < 0 or (not final and len(history) < pend.start + len(pend.chain)):
+            if len(history) < pend.start + len(pend.chain):
                 keep.append(pend)
                 continue
             rank = min(pend.rank, MAX_RANKS - 1)
