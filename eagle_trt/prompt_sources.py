@@ -24,6 +24,8 @@ def jsonl_objects(lines: Iterable[str], source: str, first: int = 1) -> Iterator
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise InputError(f"{where}: not valid JSON ({e.msg})") from None
+        except RecursionError:
+            raise InputError(f"{where}: nested too deeply to be a prompt") from None
         if not isinstance(row, dict):
             raise InputError(f"{where}: each line must be a JSON object")
         yield where, row
@@ -73,10 +75,17 @@ def prompt_ids(tokenizer, prompt: "str | list[dict]", chat: bool = True) -> list
     return as_ids(tokenizer(text).input_ids)
 
 
+# The roles chat templates know (OpenAI's chat format). Another role would reach the template as it is, where most
+# templates silently render it as something else or drop it: refused instead.
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+MESSAGES_RULE = ("'messages' must be a non-empty list of {role, content} objects with string content and role one "
+                 f"of {', '.join(CHAT_ROLES)}")
+
+
 def valid_messages(messages) -> bool:
-    """A non-empty chat: a list of {'role', 'content'} objects with string content."""
+    """A non-empty chat: a list of {'role', 'content'} objects with string content and a known role (CHAT_ROLES)."""
     return isinstance(messages, list) and bool(messages) and all(
-        isinstance(m, dict) and m.get("role") and isinstance(m.get("content"), str) for m in messages)
+        isinstance(m, dict) and m.get("role") in CHAT_ROLES and isinstance(m.get("content"), str) for m in messages)
 
 
 def humaneval_problems() -> list[tuple[str, str]]:

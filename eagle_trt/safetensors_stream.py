@@ -49,27 +49,97 @@ class Entry:
 
 
 def read_entries(path: str | Path) -> dict[str, Entry]:
-    """The tensors a safetensors file holds (header only), in file order."""
+    """The tensors a safetensors file holds (header only), in file order. Every entry is checked against the file:
+    a known dtype, a shape of non-negative ints, data offsets that fit the file and match the shape's size."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
             if n > 100 << 20:
                 raise ValueError(f"header of {n} bytes")
-            header = json.loads(f.read(n))
-    except (OSError, ValueError, struct.error) as e:
+            raw = f.read(n)
+            if len(raw) != n:
+                raise ValueError("the file ends inside its header")
+            header = json.loads(raw)
+            size = os.fstat(f.fileno()).st_size
+    except (OSError, ValueError, struct.error, RecursionError) as e:
         raise CheckpointError(f"'{path}' is not a readable safetensors file ({e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"'{path}' is not a readable safetensors file (its header is not a JSON object)")
     base = 8 + n
     out = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        dtype = DTYPES.get(info.get("dtype"))
-        if dtype is None:
-            raise CheckpointError(f"'{path}': tensor {name!r} has dtype {info.get('dtype')!r}, which is not supported")
-        begin, end = info["data_offsets"]
-        out[name] = Entry(name, dtype, tuple(info["shape"]), base + begin, base + end)
+        out[name] = _entry(path, name, info, base, size)
     return dict(sorted(out.items(), key=lambda kv: kv[1].start))
+
+
+def _entry(path: Path, name: str, info, base: int, size: int) -> Entry:
+    bad = f"'{path}': tensor {name!r}"
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{bad} has no dtype, shape and data_offsets (the header is damaged)")
+    dtype = DTYPES.get(info.get("dtype")) if isinstance(info.get("dtype"), str) else None
+    if dtype is None:
+        raise CheckpointError(f"{bad} has dtype {info.get('dtype')!r}, which is not supported")
+    shape, offsets = info.get("shape"), info.get("data_offsets")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in shape):
+        raise CheckpointError(f"{bad} has shape {shape!r}, not a list of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and not isinstance(o, bool)
+                                                                    for o in offsets)
+            and 0 <= offsets[0] <= offsets[1] and base + offsets[1] <= size):
+        raise CheckpointError(f"{bad} has data_offsets {offsets!r}, which do not fit the file ({size} bytes): "
+                              "truncated or damaged")
+    count = 1
+    for d in shape:
+        count *= d
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    if count * itemsize != offsets[1] - offsets[0]:
+        raise CheckpointError(f"{bad}: {offsets[1] - offsets[0]} bytes in the file for shape {shape} of "
+                              f"{info['dtype']}")
+    return Entry(name, dtype, tuple(shape), base + offsets[0], base + offsets[1])
+
+
+def tensor_locations(shards: list[Path], index: Path | None = None) -> dict[str, tuple[Path, Entry]]:
+    """Every tensor in `shards` and where it lies (headers only). Refused, naming the files: a tensor held by two
+    files (which copy a reader takes depends on the reader, so the model would silently differ between tools), and,
+    given the index that names the shards, a tensor in another shard than the one it maps it to, or one it maps
+    that no shard holds."""
+    from eagle_trt.shards import index_weight_map
+
+    where: dict[str, tuple[Path, Entry]] = {}
+    for shard in shards:
+        for name, e in read_entries(shard).items():
+            if name in where:
+                raise CheckpointError(f"tensor {name!r} is in both '{where[name][0]}' and '{shard}': a tensor must be "
+                                      "in one file only", hint="re-export the model")
+            where[name] = (shard, e)
+    if index is not None:
+        mapped = index_weight_map(index)
+        for name, (shard, _) in where.items():
+            if name in mapped and mapped[name] != shard.name:
+                raise CheckpointError(f"tensor {name!r} is in '{shard}', but '{index}' maps it to "
+                                      f"'{index.parent / mapped[name]}'", hint="re-export the model")
+        for name, shard_name in mapped.items():
+            if name not in where:
+                raise CheckpointError(f"'{index}' maps tensor {name!r} to '{index.parent / shard_name}', which does "
+                                      "not hold it", hint="re-export the model")
+    return dict(sorted(where.items(), key=lambda kv: (str(kv[1][0]), kv[1][1].start)))
+
+
+def model_tensors(model_dir: Path) -> dict[str, tuple[Path, Entry]]:
+    """`tensor_locations` of a model dir: its model.safetensors, else the shards its index names."""
+    from eagle_trt.shards import index_shards
+
+    model_dir = Path(model_dir)
+    single = model_dir / SINGLE_NAME
+    if single.is_file():
+        return tensor_locations([single])
+    index = model_dir / INDEX_NAME
+    if index.is_file():
+        return tensor_locations(index_shards(index), index)
+    raise CheckpointError(f"{single}: file not found")
 
 
 def read_tensor(f, entry: Entry) -> torch.Tensor:
@@ -100,6 +170,9 @@ class Planned:
         return n * torch.empty(0, dtype=self.dtype).element_size()
 
 
+MAX_SIZE = 1 << 60  # no file or cache is larger; a larger value is a typo
+
+
 def parse_size(text: str | int) -> int:
     """'5GB', '500MB', '2GiB', '100000' -> bytes (decimal units as transformers reads them, binary with 'i')."""
     if isinstance(text, int):
@@ -113,10 +186,10 @@ def parse_size(text: str | int) -> int:
     else:
         number, factor = s, 1
     try:
-        value = int(float(number) * factor)
-    except ValueError:
+        value = int(float(number) * factor)  # inf and nan raise here (OverflowError, ValueError)
+    except (ValueError, OverflowError):
         value = 0
-    if value <= 0:
+    if value <= 0 or value > MAX_SIZE:
         raise ValueError(f"not a size: {text!r} (give e.g. 5GB, 500MB or a number of bytes)")
     return value
 

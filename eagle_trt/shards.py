@@ -33,7 +33,7 @@ def index_weight_map(index: Path) -> dict[str, str]:
         weight_map = data["weight_map"]
         if not isinstance(weight_map, dict):
             raise TypeError("weight_map is not an object")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, RecursionError) as e:
         raise CheckpointError(f"unreadable '{index}' ({e})", hint="re-download the model") from None
     return {tensor: check_shard_name(name, index) for tensor, name in weight_map.items()}
 

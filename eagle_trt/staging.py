@@ -55,6 +55,17 @@ def signals_deferred():
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def check_apart(source: str | Path, out: Path, what: str) -> None:
+    """Replacing OUT must not delete or write into an input: refuse an OUT that is the input, holds it, or lies
+    inside it (whatever --force says). InputError naming both."""
+    from eagle_trt.errors import InputError
+
+    src, dst = Path(source).expanduser().resolve(), Path(out).expanduser().resolve()
+    if src == dst or dst in src.parents or src in dst.parents:
+        where = "is" if src == dst else "holds" if dst in src.parents else "lies inside"
+        raise InputError(f"--output {out} {where} {what} ({src}); choose an output outside it")
+
+
 def _hidden(out: Path, kind: str) -> Path:
     return out.parent / f".{out.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
 

@@ -63,6 +63,25 @@ def test_bench_runs_every_method_and_writes_the_report(engine, prompt_file, tmp_
     assert "Lossless: all 18" in md and "came from the prompt-lookup branch" in md and "## Roofline" in md and "| c | `tree` |" in md
 
 
+def test_a_prompt_longer_than_the_engine_is_cut_and_said_so(engine, tmp_path):
+    """A prompt file line of ~500k tokens was silently benchmarked as its last 2,048 tokens (only a count in
+    results.json). Now a warning on the console (even with --json), in `warnings` and in report.md."""
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({"id": "huge", "prompt": "word " * 3000, "chat": False}) + "\n"
+                    + json.dumps({"id": "ok", "prompt": "Hello"}) + "\n")
+    out = tmp_path / "out"
+    r = cli.invoke(app, ["bench", "--engine", str(engine), "--prompts", str(path), "--max-new-tokens", "4",
+                         "--methods", "ar,tree", "--out", str(out), "--skip-verify", "--no-roofline", "--no-plots",
+                         "--json"])
+    assert r.exit_code == 0, r.output
+    assert "Warning: prompt huge has" in r.stderr and "only its last 64 are benchmarked" in r.stderr
+    res = json.loads(r.stdout)
+    (w,) = [w for w in res["warnings"] if w["kind"] == "truncated_prompt"]
+    assert (w["prompt"], w["kept"]) == ("huge", 64) and w["tokens"] > 64
+    assert res["config"]["truncated_prompts"] == 1
+    assert "prompt(s) longer than the engine's max_input_len were cut" in (out / "report.md").read_text()
+
+
 def test_bench_planted_mismatch_fails(engine, prompt_file, tmp_path, monkeypatch):
     from eagle_trt.bench import methods
 
@@ -216,6 +235,10 @@ def test_prompt_file_errors(tmp_path):
         load_prompts(str(bad))
     with pytest.raises(InputError, match="--limit must be >= 1"):
         load_prompts("chat", 0)
+    bad.write_text('{"messages": [{"role": "wizard", "content": "hi"}]}\n')
+    with pytest.raises(InputError, match="bad.jsonl:1: 'messages' must be .* role one of system, developer, user, "
+                                         "assistant, tool"):
+        load_prompts(str(bad))
 
 
 def test_prompt_encoding_uses_the_chat_template(engine):

@@ -67,6 +67,11 @@ def test_help_documents_exit_codes_and_options():
         assert option in text
 
 
+def _touch(path: Path) -> Path:
+    path.write_bytes(b"GGUF")
+    return path
+
+
 @pytest.mark.parametrize(
     "setup, message",
     [
@@ -81,6 +86,11 @@ def test_help_documents_exit_codes_and_options():
                           "--checkpoint", str(ck), "--backend", "trtllm"], "total_tokens (32) exceeds max_beam_width x draft_length"),
         (lambda tmp, ck: ["-c", str(config(tmp, max_input_len=4096)), "--checkpoint", str(ck)],
          "exceeds max_position_embeddings (1024)"),
+        (lambda tmp, ck: ["-c", str(config(tmp)), "--checkpoint", str(_touch(tmp / "model.gguf"))],
+         "is a GGUF model file, not a checkpoint dir"),
+        (lambda tmp, ck: ["-c", str(config(tmp)), "--checkpoint", str(_touch(tmp / "model.gguf"))],
+         "model.gguf --output DIR`, then build with --checkpoint DIR"),
+        (lambda tmp, ck: ["-c", "/dev/null", "--checkpoint", str(ck)], "'/dev/null' is not a regular file"),
     ],
 )  # fmt: skip
 def test_bad_config_or_input_exits_2(tmp_path, ckpt, setup, message):
@@ -225,3 +235,14 @@ def test_inspect_verifies_and_prints(engine):
     result = RUNNER.invoke(app, ["inspect", str(engine), "--json"])
     assert result.exit_code == 0
     assert json.loads(result.stdout)["files"]["eagle_config.yaml"]["bytes"] > 0
+
+
+def test_an_output_inside_the_checkpoint_is_refused(tmp_path, ckpt):
+    """convert refuses an output inside its input; build now does too (replacing OUT would write into, or delete,
+    the checkpoint)."""
+    work = tmp_path / "c"
+    shutil.copytree(ckpt, work)
+    for out in (work / "target" / "engine", work, tmp_path):
+        r = RUNNER.invoke(app, ["build", "-c", str(config(tmp_path)), "--checkpoint", str(work), "-o", str(out)])
+        assert r.exit_code == 2 and "the checkpoint being built" in r.stderr, r.output
+    assert not (work / "target" / "engine").exists() and (work / "target" / "config.json").is_file()

@@ -181,3 +181,41 @@ def test_describe_fields_covers_nested_and_documents_everything():
     assert rows["draft.kind"][:2] == ("'eagle3' | 'model'", "required")
     assert len(rows) == len(EagleConfig.model_fields) + 5 + 1  # eagle_architecture's five, draft's kind
     assert all(desc for _, _, desc in rows.values())
+
+
+def _alias_bomb(levels: int = 10, width: int = 9) -> str:
+    lines = ["name: bomb", "static_tree:", "  - &a0 [0]"]
+    for i in range(1, levels):
+        lines.append(f"  - &a{i} [" + ", ".join(f"*a{i - 1}" for _ in range(width)) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_fast(tmp_path):
+    """10 anchors, each a list of 9 aliases of the previous: 5 KB of text, 9^9 values. config check hung (killed at
+    300 s, 4 GB) before; now a one-line error, well within a second."""
+    import time
+
+    path = write(tmp_path, _alias_bomb())
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=r"expands to more than 100,000 values \(YAML anchors and aliases\)"):
+        load_config(path)
+    assert time.monotonic() - start < 5
+
+
+def test_a_small_alias_is_fine_and_a_self_alias_is_refused(tmp_path):
+    cfg = load_config(write(tmp_path, "tree: static\nstatic_tree: [&p [0], [0, 0], [1], [1, 0]]\n"
+                                      "max_input_len: &n 64\nmax_output_len: *n\n"))
+    assert cfg.static_tree == [[0], [0, 0], [1], [1, 0]]
+    with pytest.raises(ConfigError, match="expands to more than"):
+        load_config(write(tmp_path, "static_tree: &a [[0], *a]\n"))
+
+
+def test_deep_nesting_is_a_clear_error(tmp_path):
+    path = write(tmp_path, "static_tree: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ConfigError, match="is nested more than 32 levels deep"):
+        load_config(path)
+
+
+def test_a_device_is_not_a_config(tmp_path):
+    with pytest.raises(ConfigError, match=r"^config file '/dev/null' is not a regular file"):
+        load_config("/dev/null")

@@ -17,6 +17,7 @@ from eagle_trt.errors import InputError
 from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.runtime.model_drafter import DraftModel, ModelDrafter
 from eagle_trt.runtime.runner import DecodeOptions, Runner
+from lossless_support import assert_lossless
 
 PROMPTS = [[5, 6, 7, 8, 9], [100, 20, 30], [256, 72, 101, 108, 108, 111]]
 TREES = [
@@ -118,7 +119,9 @@ def test_eos_inside_an_accepted_path(runners, hf_model, tree):
             eos = full[cut]
             expected = hf_greedy(hf_model, prompt, 40, eos=eos)
             res = runner.generate(prompt, DecodeOptions(max_new_tokens=40, eos_token_ids=[eos], **tree))
-            assert res.token_ids == expected == ar(runner, prompt, 40, [eos])
+            plain = ar(runner, prompt, 40, [eos])
+            assert_lossless(runner, prompt, res.token_ids, plain)
+            assert plain == expected
             assert res.token_ids[-1] == eos and res.metrics.stop_reason == "eos"
             assert res.metrics.discarded_tokens >= 0
 
@@ -139,7 +142,7 @@ def test_fallback_catches_the_draft_up(runners):
     for prompt in PROMPTS:
         res = runner.generate(prompt, DecodeOptions(max_new_tokens=48, eos_token_ids=[], tree="chain", draft_length=3,
                                                     fallback_after=1, fallback_tokens=4))
-        assert res.token_ids == ar(runner, prompt, 48)
+        assert_lossless(runner, prompt, res.token_ids, ar(runner, prompt, 48))
     assert res.metrics.fallbacks > 0
 
 
@@ -174,7 +177,8 @@ def test_draft_with_a_shorter_context_caps_the_runner(tmp_path):
     n = 40 - len(prompt)  # right up to the draft's last position
     res = runner.generate(prompt, DecodeOptions(max_new_tokens=n, eos_token_ids=[], tree="dynamic", beam_width=4,
                                                 draft_length=6, total_tokens=16))
-    assert res.token_ids == ar(runner, prompt, n) and len(res.token_ids) == n
+    assert_lossless(runner, prompt, res.token_ids, ar(runner, prompt, n))
+    assert len(res.token_ids) == n
     with pytest.raises(InputError, match="context of 40 positions"):
         runner.generate(prompt, DecodeOptions(max_new_tokens=n + 1, eos_token_ids=[]))
 
@@ -191,7 +195,7 @@ def test_vocabularies_padded_to_different_sizes(tmp_path):
     for prompt in PROMPTS:
         res = runner.generate(prompt, DecodeOptions(max_new_tokens=30, eos_token_ids=[], tree="dynamic",
                                                     beam_width=4, draft_length=4, total_tokens=12))
-        assert res.token_ids == ar(runner, prompt, 30)
+        assert_lossless(runner, prompt, res.token_ids, ar(runner, prompt, 30))
 
 
 @pytest.mark.parametrize("fallback_after", [0, 2])
@@ -208,5 +212,6 @@ def test_greedy_to_the_last_position_equals_ar(tmp_path_factory, tree, fallback_
         n = 48 - len(prompt)
         res = runner.generate(prompt, DecodeOptions(max_new_tokens=n, eos_token_ids=[], fallback_after=fallback_after,
                                                     **tree))
-        assert res.token_ids == ar(runner, prompt, n) and len(res.token_ids) == n
+        assert_lossless(runner, prompt, res.token_ids, ar(runner, prompt, n))
+        assert len(res.token_ids) == n
         assert res.metrics.stop_reason == "length"

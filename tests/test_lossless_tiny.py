@@ -14,6 +14,7 @@ from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.runtime.runner import DecodeOptions, Runner
 from eagle_trt.speculative.tree import tree_from_parents
+from lossless_support import assert_lossless
 
 PROMPTS = [[5, 6, 7, 8, 9], [100, 20, 30], [256, 72, 101, 108, 108, 111], list(range(40, 73))]
 TREES = [
@@ -59,7 +60,7 @@ def test_eagle_equals_ar(runner, prompt, tree):
     for n in (1, 7, 40):
         ar = runner.generate(prompt, DecodeOptions(max_new_tokens=n, mode="ar", eos_token_ids=[])).token_ids
         res = runner.generate(prompt, DecodeOptions(max_new_tokens=n, eos_token_ids=[], **tree))
-        assert res.token_ids == ar
+        assert_lossless(runner, prompt, res.token_ids, ar)
         assert len(res.token_ids) == n and res.metrics.stop_reason == "length"
 
 
@@ -106,14 +107,15 @@ def test_deep_acceptance_and_eos_mid_path(runner, hf_model, prompt, seed):
     runner.drafter = OracleDrafter(real, len(prompt), ref, seed)
     try:
         res = runner.generate(prompt, DecodeOptions(max_new_tokens=60, eos_token_ids=[]))
-        assert res.token_ids == ref
+        assert_lossless(runner, prompt, res.token_ids, ref)
         assert res.metrics.acceptance_length > 1.5  # the planted paths were taken
         # Stop at an "EOS" that sits inside an accepted path: output ends right after it, like HF.
         eos = ref[17 + seed]
         hf = hf_greedy(hf_model, prompt, 60, eos=eos)
         ar = runner.generate(prompt, DecodeOptions(max_new_tokens=60, mode="ar", eos_token_ids=[eos]))
         sd = runner.generate(prompt, DecodeOptions(max_new_tokens=60, eos_token_ids=[eos]))
-        assert sd.token_ids == ar.token_ids == hf
+        assert_lossless(runner, prompt, sd.token_ids, ar.token_ids)
+        assert ar.token_ids == hf
         assert sd.token_ids[-1] == eos and sd.metrics.stop_reason == "eos"
     finally:
         runner.drafter = real
@@ -128,4 +130,4 @@ def test_reduced_draft_vocab_maps_through_d2t(tiny_model_dir, tmp_path):
     r = Runner(target, head, capacity=256)
     ar = r.generate([5, 6, 7], DecodeOptions(max_new_tokens=30, mode="ar", eos_token_ids=[])).token_ids
     res = r.generate([5, 6, 7], DecodeOptions(max_new_tokens=30, eos_token_ids=[]))
-    assert res.token_ids == ar
+    assert_lossless(r, [5, 6, 7], res.token_ids, ar)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from eagle_trt.models import native
+from eagle_trt.errors import InputError
 from eagle_trt.models.native import bindings, build, isa
 
 lib = native.library()
@@ -111,8 +112,42 @@ def test_isa_switch(monkeypatch):
     monkeypatch.setenv("EAGLE_TRT_ISA", "avx512")
     assert not isa.hides_bf16_hardware() and isa.hides_amx() and "-mno-amx-tile" in isa.march_flags()
     monkeypatch.setenv("EAGLE_TRT_ISA", "sse2")
-    with pytest.raises(ValueError, match="EAGLE_TRT_ISA='sse2': expected one of native, avx512, avx2"):
+    with pytest.raises(InputError, match=r"EAGLE_TRT_ISA='sse2': expected one of native, amx, avx512, avx2 \(this CPU "
+                                         r"has: "):
         isa.requested()
+
+
+@pytest.mark.parametrize("value, flags, message", [
+    ("amx", {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"},
+     "EAGLE_TRT_ISA='amx': this CPU lacks amx_tile, amx_bf16 (it has: avx512, avx2)"),
+    ("avx512", {"avx2", "fma"}, "EAGLE_TRT_ISA='avx512': this CPU lacks avx512f, avx512bw, avx512vl, avx512dq "
+                                "(it has: avx2)"),
+    ("bogus", {"avx2", "fma"}, "EAGLE_TRT_ISA='bogus': expected one of native, amx, avx512, avx2 (this CPU has: avx2)"),
+])
+def test_an_isa_this_cpu_lacks_is_an_input_error(monkeypatch, value, flags, message):
+    monkeypatch.setenv("EAGLE_TRT_ISA", value)
+    monkeypatch.setattr(isa, "cpu_flags", lambda: flags)
+    with pytest.raises(InputError) as info:
+        isa.requested()
+    assert str(info.value).startswith(message)
+
+
+@pytest.mark.parametrize("value", ["bogus", "amx"])
+def test_a_bad_isa_fails_run_with_exit_2_and_one_message(value, tmp_path):
+    """Before: a warning that the torch reference runs instead, then `Error: ValueError`, exit 1. Now one line, exit
+    2, and nothing about a fallback. (`amx` is only bad where this CPU lacks it.)"""
+    if value == "amx" and "amx_tile" in isa.cpu_flags():
+        pytest.skip("this CPU has AMX")
+    code = "from eagle_trt.cli.app import main; main()"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE_TRT_ISA")}
+    env.update(EAGLE_TRT_ISA=value, EAGLE_TRT_CACHE=str(tmp_path))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"name: x\ncheckpoint_dir: {tmp_path / 'none'}\ndtype: auto\n")  # auto: asks the kernels
+    proc = subprocess.run([sys.executable, "-c", code, "build", "--config", str(cfg), "--dry-run"], env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert f"Error: EAGLE_TRT_ISA='{value}'" in proc.stderr and "torch reference" not in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:
@@ -167,3 +202,24 @@ def test_the_amx_and_avx2_code_compiles_on_any_machine(tmp_path):
             out = subprocess.run([cxx, *flags, march, "-c", str(src), "-o", str(tmp_path / (src.stem + ".o"))],
                                  capture_output=True, text=True)
             assert out.returncode == 0, (march, src.name, out.stderr[-2000:])
+
+
+@needs_lib
+def test_a_library_others_can_write_is_not_loaded(tmp_path):
+    """A compiled library is code the process runs: one in a cache dir others can write (EAGLE_TRT_CACHE=/tmp/x,
+    say) is refused with the reason, never loaded."""
+    import shutil
+
+    out = tmp_path / "kernels"
+    built = build.build(out_dir=out)
+    assert built.is_file()
+    os.chmod(out, 0o777)
+    with pytest.raises(RuntimeError, match=r"kernel cache '.*kernels' is writable by another user .*mode 0777"):
+        build.build(out_dir=out)
+    os.chmod(out, 0o755)
+    os.chmod(built, 0o777)
+    with pytest.raises(RuntimeError, match="is writable by another user"):
+        build.build(out_dir=out)
+    os.chmod(built, 0o755)
+    assert build.build(out_dir=out) == built
+    shutil.rmtree(out)

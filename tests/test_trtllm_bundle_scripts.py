@@ -188,11 +188,14 @@ def test_validate_compares_spec_with_plain_output(bundles, tmp_path, line):
     assert report["equal"] and report["prompts"][0]["tokens_per_iteration"] == 2.0
 
 
-def test_validate_fails_when_outputs_differ(bundles, tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_DIFFER", "1")
+@pytest.mark.parametrize("differ, unequal", [("1", 3), ("2", 1)])
+def test_validate_fails_when_outputs_differ(bundles, tmp_path, monkeypatch, differ, unequal):
+    """The fake's speculative output differs from its plain output (in every prompt, or only the second): the
+    equality check that the passing test above relies on must catch it, prompt by prompt."""
+    monkeypatch.setenv("FAKE_DIFFER", differ)
     out = run_validate(bundles["1.2"], write_fake_packages(tmp_path, "1.2"), "--max-tokens", "4")
     assert out.returncode == 1
-    assert "speculative == plain: NO" in out.stdout and out.stdout.strip().endswith("s)")
+    assert out.stdout.count("speculative == plain: NO") == unequal and out.stdout.strip().endswith("s)")
     assert "FAIL: outputs differ on 3 prompts" in out.stdout
 
 

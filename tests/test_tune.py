@@ -113,6 +113,27 @@ def test_tune_refuses_to_store_after_a_lossless_failure(tiny_checkpoint, tmp_pat
     assert (engine / "manifest.json").read_text() == before
 
 
+def test_tune_on_an_engine_it_cannot_write_fails_before_measuring(engine, monkeypatch):
+    """Before: every measurement ran, then an OSError. Now one line, exit 2, before anything is measured."""
+    import errno
+    import tempfile
+
+    import eagle_trt.bench.tune as tune_mod
+
+    real = tempfile.mkstemp
+
+    def read_only(*a, dir=None, **k):
+        if dir is not None and str(dir) == str(engine):
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real(*a, dir=dir, **k)
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(tune_mod, "tune_engine", lambda *a, **k: pytest.fail("measured a read-only engine"))
+    r = cli.invoke(app, ["tune", "--engine", str(engine), "--limit", "1"])
+    assert r.exit_code == 2 and f"engine dir '{engine}' is not writable (Permission denied)" in r.stderr
+    assert "--dry-run" in r.stderr
+
+
 def test_unlisted_tuned_json_is_ignored(engine, tmp_path):
     import shutil
 

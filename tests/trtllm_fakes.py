@@ -182,8 +182,17 @@ class LLM:
         self.spec = kw.get("speculative_config")
         assert self.spec is None or Path(self.spec.speculative_model).is_absolute()
     def generate(self, prompts, params):
-        ids = [5, 6, 7, 8] if (self.spec is not None and os.environ.get("FAKE_DIFFER")) else [5, 6, 7, 9]
-        return [type("R", (), {{"outputs": [_Out(ids[:params.max_tokens], 2 if self.spec else 4)]}})() for _ in prompts]
+        # Each prompt its own tokens, so a comparison of the wrong pairs shows. FAKE_DIFFER=1: every speculative
+        # output differs from the plain one in its last token; FAKE_DIFFER=2: only the second prompt's does.
+        differ = os.environ.get("FAKE_DIFFER", "") if self.spec is not None else ""
+        out = []
+        for i, p in enumerate(prompts):
+            base = sum(map(ord, str(p)))
+            ids = [5 + (base + 7 * t) % 90 for t in range(params.max_tokens)]
+            if differ == "1" or (differ == "2" and i == 1):
+                ids[-1] = 4
+            out.append(type("R", (), {{"outputs": [_Out(ids, 2 if self.spec else 4)]}})())
+        return out
     def shutdown(self): pass
 '''
 FAKE_LLMAPI = '''from tensorrt_llm import ALLOWED

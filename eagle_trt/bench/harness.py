@@ -48,7 +48,9 @@ def run_bench(methods: list[Method], prompts: list[tuple[Prompt, list[int]]], ma
     result = aggregate(runs, names, repeats)
     result["checks"] = checks
     result["failures"] = [c for c in checks if not c["match"] and c["fatal"]]
-    result["warnings"] = [c for c in checks if not c["match"] and not c["fatal"]]
+    result["warnings"] = [{**c, "kind": "hf_differs", "message": f"{c['method']} differs from {c['reference']} on "
+                           f"{c['prompt']} at token {c['first_difference']} (HF numerics, not a failure)"}
+                          for c in checks if not c["match"] and not c["fatal"]]
     result["methods"] = {m.name: {"speculative": m.speculative, **m.settings} for m in methods}
     for run in runs:
         run.pop("token_ids")
@@ -157,14 +159,22 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
     if methods is None:
         methods = default_methods(session)
     max_in = session.runner.max_input_len
-    encoded, truncated = [], 0
+    encoded, cut = [], []
     for p in prompt_set:
         ids = p.encode(session.tokenizer)
         if len(ids) > max_in:  # keep the end: that is where the model continues
-            ids, truncated = ids[-max_in:], truncated + 1
+            cut.append({"kind": "truncated_prompt", "prompt": p.id, "tokens": len(ids), "kept": max_in,
+                        "message": f"prompt {p.id} has {len(ids):,} tokens, more than the engine's max_input_len "
+                                   f"{max_in:,}: only its last {max_in:,} are benchmarked"})
+            ids = ids[-max_in:]
         encoded.append((p, ids))
+    for w in cut:
+        if progress:
+            progress(f"warning: {w['message']}")
+    truncated = len(cut)
     method_objs = build_methods(session, methods)
     results = run_bench(method_objs, encoded, max_new_tokens, repeats, progress=progress)
+    results["warnings"] = cut + results["warnings"]
     results["config"] = {
         "engine": str(engine), "prompts": prompts, "num_prompts": len(encoded), "limit": limit,
         "max_new_tokens": max_new_tokens, "repeats": repeats, "methods": methods,

@@ -20,7 +20,8 @@ from importlib import resources
 from pathlib import Path
 
 from eagle_trt.errors import InputError
-from eagle_trt.prompt_sources import humaneval_problems, jsonl_objects, prompt_ids, read_jsonl, valid_messages
+from eagle_trt.prompt_sources import (MESSAGES_RULE, humaneval_problems, jsonl_objects, prompt_ids, read_jsonl,
+                                      valid_messages)
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def _parse_rows(rows, source: str) -> list[Prompt]:
         messages, text = row.get("messages") or [], row.get("prompt") or ""
         if messages:
             if not valid_messages(messages):
-                raise InputError(f"{where}: 'messages' must be a list of {{'role', 'content'}} objects")
+                raise InputError(f"{where}: {MESSAGES_RULE}")
         elif not isinstance(text, str) or not text.strip():
             raise InputError(f"{where}: needs a non-empty 'prompt' string or a 'messages' list")
         n = int(where.rsplit(":", 1)[1])

@@ -113,9 +113,16 @@ def _checks_md(results: dict) -> list[str]:
         lines.append("")
     else:
         lines += [f"Lossless: all {n_checks} speculative outputs equal plain AR decoding token for token (T=0).", ""]
-    if warnings:
-        lines += [f"Note: {len(warnings)} HF outputs differ from their reference (HF numerics; not a failure):", ""]
-        for c in warnings[:10]:
+    cut = [w for w in warnings if w.get("kind") == "truncated_prompt"]
+    differ = [w for w in warnings if w.get("kind") != "truncated_prompt"]
+    if cut:
+        lines += [f"**Warning: {len(cut)} prompt(s) longer than the engine's max_input_len were cut to their last "
+                  f"{cut[0]['kept']:,} tokens** (the numbers below are for the cut prompts):", ""]
+        lines += [f"- {w['message']}" for w in cut[:20]]
+        lines.append("")
+    if differ:
+        lines += [f"Note: {len(differ)} HF outputs differ from their reference (HF numerics; not a failure):", ""]
+        for c in differ[:10]:
             lines.append(f"- {c['method']} vs {c['reference']} on {c['prompt']}: first difference at token "
                          f"{c['first_difference']}")
         lines.append("")

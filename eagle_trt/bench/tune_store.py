@@ -8,6 +8,21 @@ import tempfile
 from pathlib import Path
 
 
+def check_writable(engine_root: str | Path) -> None:
+    """Fail before anything is measured when tuned.json could not be stored in the engine dir (read-only, not
+    ours): a probe file is made and removed, which is what the store will do."""
+    from eagle_trt.errors import InputError
+
+    root = Path(engine_root)
+    try:
+        fd, probe = tempfile.mkstemp(dir=root, prefix=".tune-probe-", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise InputError(f"engine dir '{root}' is not writable ({e.strerror}): tune stores tuned.json there",
+                         hint="fix its permissions, tune a copy of the engine, or pass --dry-run") from None
+
+
 def _atomic_write(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

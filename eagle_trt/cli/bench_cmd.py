@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from eagle_trt.cli.common import (
     EngineOpt,
@@ -74,8 +75,10 @@ def _bench(engine, out, prompts, limit, max_new_tokens, repeats, methods, thread
     apply_threads(threads)
 
     def progress(msg: str) -> None:
-        if not json_out:
-            err_console.print(f"[dim]{msg}[/]", soft_wrap=True)
+        if msg.startswith("warning: "):  # on stderr even with --json (stdout stays one JSON object)
+            err_console.print(f"[yellow]Warning:[/] {escape(msg[len('warning: '):])}", soft_wrap=True)
+        elif not json_out:
+            err_console.print(f"[dim]{escape(msg)}[/]", soft_wrap=True)
 
     results = bench_engine(engine, prompts, limit, max_new_tokens, repeats, names, out, verify=not skip_verify,
                            machine=roofline, plots=plots, command="eagle-trt " + " ".join(sys.argv[1:]),
@@ -96,8 +99,10 @@ def _bench(engine, out, prompts, limit, max_new_tokens, repeats, methods, thread
                 line += f"; drafting = {roof['tree_draft_share']:.0%} of a tree step"
         console.print(line, soft_wrap=True)
         for w in results["warnings"][:5]:
-            console.print(f"[yellow]note:[/] {w['method']} differs from {w['reference']} on {w['prompt']} "
-                          f"at token {w['first_difference']} (HF numerics, not a failure)", soft_wrap=True)
+            label = "warning" if w.get("kind") == "truncated_prompt" else "note"
+            console.print(f"[yellow]{label}:[/] {escape(w['message'])}", soft_wrap=True)
+        if len(results["warnings"]) > 5:
+            console.print(f"[yellow]…and {len(results['warnings']) - 5} more in results.json[/]")
         console.print(f"report: {Path(out) / 'report.md'}")
     if results["failures"]:
         f = results["failures"]

@@ -82,10 +82,12 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
 
     from eagle_trt.bench.prompts import load_prompts
     from eagle_trt.bench.tune import tune_engine
-    from eagle_trt.bench.tune_store import store_tuned
+    from eagle_trt.bench.tune_store import check_writable, store_tuned
     from eagle_trt.runtime.session import Session
 
     require_engine(engine)
+    if not dry_run:
+        check_writable(engine)  # before minutes of measuring, not after
     beam_list, (lookup_tokens, lookup_branches, datastore_branches, caps) = _checked_options(
         max_new_tokens, max_depth, limit, validate, validate_repeats, positions, beams, lookup)
     apply_threads(threads)

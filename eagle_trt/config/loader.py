@@ -30,17 +30,91 @@ def load_config(path: str | Path) -> EagleConfig:
     """Read and validate a YAML config file. An empty file gives all defaults."""
     path = Path(path)
     if not path.is_file():
-        what = "is a directory, not a file" if path.is_dir() else "not found"
+        what = ("is a directory, not a file" if path.is_dir() else
+                "is not a regular file (a device or a pipe); give a YAML file" if path.exists() else "not found")
         raise ConfigError(f"config file '{path}' {what}")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file '{path}' cannot be read: {exc}") from exc
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        raise ConfigError(_yaml_error(path, exc)) from exc
+    data = load_yaml(text, path)
     return parse_config({} if data is None else data, source=str(path))
+
+
+MAX_VALUES = 100_000  # a config holds a few hundred values; a static_tree a few thousand
+MAX_DEPTH = 32  # a config is three levels deep at most (static_tree: a list of lists)
+
+
+def load_yaml(text: str, path: Path) -> Any:
+    """Safe YAML with a bound on what aliases expand to: an "alias bomb" (anchors of lists of aliases of the
+    previous anchor) is a few KB of text but billions of values once walked, so it is refused from the node graph
+    before anything is built. Nesting deeper than Python's recursion allows is refused too."""
+    try:
+        loader = _UniqueKeyLoader(text)  # reads the text: a character YAML forbids fails here
+        _check_depth(text, path)
+    except yaml.YAMLError as exc:
+        raise ConfigError(_yaml_error(path, exc)) from None
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        values = _expanded_size(node)
+        if values > MAX_VALUES:
+            raise ConfigError(f"config file '{path}' expands to more than {MAX_VALUES:,} values (YAML anchors and "
+                              "aliases); write the values out instead of aliasing them")
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise ConfigError(_yaml_error(path, exc)) from None
+    except RecursionError:
+        raise ConfigError(f"config file '{path}' is nested too deeply to be a config") from None
+    finally:
+        loader.dispose()
+
+
+def _check_depth(text: str, path: Path) -> None:
+    """Refuse nesting deeper than MAX_DEPTH from YAML's event stream (an iterative parser: no recursion, so fast
+    however deep), before the recursive composer sees it."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise ConfigError(f"config file '{path}' is nested more than {MAX_DEPTH} levels deep; a config "
+                                  "needs three at most")
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            depth -= 1
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many values the document has once every alias is replaced by what it names (each distinct node is
+    counted once and its size reused, so this is fast however large the expansion); a node that contains itself
+    counts as too many."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        kids = _children(node)
+        if children_done:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = min(1 + sum(sizes[id(k)] for k in kids), MAX_VALUES + 1)
+            continue
+        if id(node) in sizes:
+            continue
+        if id(node) in open_nodes:
+            return MAX_VALUES + 1  # an alias of an enclosing anchor: endless
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack.extend((k, False) for k in kids)
+    return sizes[id(root)]
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
 
 
 def parse_config(data: Any, source: str = "<config>") -> EagleConfig:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle_trt.errors import InputError
-from eagle_trt.prompt_sources import as_ids, chat_ids, humaneval_problems, read_jsonl, valid_messages
+from eagle_trt.prompt_sources import MESSAGES_RULE, as_ids, chat_ids, humaneval_problems, read_jsonl, valid_messages
 
 from . import sharegpt
 
@@ -78,7 +78,7 @@ def _jsonl_records(path: Path, limit: int | None = None) -> list[Record]:
         if "messages" in row:
             msgs = row["messages"]
             if not valid_messages(msgs):
-                raise InputError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+                raise InputError(f"{where}: {MESSAGES_RULE}")
             out.append(Record("chat", where, messages=[{"role": m["role"], "content": m["content"]}
                                                        for m in msgs], response=resp, eos=eos))
         elif "prompt" in row:

@@ -20,7 +20,9 @@ from pathlib import Path
 
 from eagle_trt.errors import InputError
 
-from .export import check_apart, check_output_dir, staged_output, write_manifest, write_target
+from eagle_trt.staging import check_apart
+
+from .export import check_output_dir, staged_output, write_manifest, write_target
 from .load_target import load_target, load_tokenizer
 
 # A draft model is small: its weights stay one model.safetensors, the file a checkpoint's and an engine's draft/ holds.
@@ -58,7 +60,7 @@ def convert_with_draft_model(model_path, draft_path, output_dir, overwrite: bool
     if given:
         raise InputError(f"--draft-model drafts with a small LM, which needs no head: drop {', '.join(given)}")
     out = check_output_dir(output_dir, overwrite)
-    check_apart(model_path, out)
+    check_apart(model_path, out, "the model being converted")
     check_apart(draft_path, out, "the --draft-model")
     if Path(draft_path).expanduser().resolve() == Path(model_path).expanduser().resolve():
         raise InputError("--draft-model is the target itself; give a smaller model that shares its tokenizer")

@@ -48,15 +48,6 @@ def check_output_dir(output_dir: str | Path, overwrite: bool) -> Path:
     return out
 
 
-def check_apart(source: str | Path, out: Path, what: str = "the model being converted") -> None:
-    """Replacing OUT must not delete an input: refuse an OUT that is the input, holds it, or lies inside it (whatever
-    --force says)."""
-    src, dst = Path(source).expanduser().resolve(), out.resolve()
-    if src == dst or dst in src.parents or src in dst.parents:
-        where = "is" if src == dst else "holds" if dst in src.parents else "lies inside"
-        raise InputError(f"--output {out} {where} {what} ({src}); choose an output outside it")
-
-
 def _commit(stage: Path, out: Path, overwrite: bool) -> None:
     """Rename the finished stage onto OUT; an existing OUT is swapped out, then deleted."""
     out = check_output_dir(out, overwrite)  # again: something may have appeared meanwhile

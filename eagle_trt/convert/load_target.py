@@ -18,6 +18,7 @@ from pathlib import Path
 
 from eagle_trt.architectures import check_window, family_of_type
 from eagle_trt.errors import CheckpointError, InputError, MissingDependencyError
+from eagle_trt.safetensors_stream import tensor_locations
 from eagle_trt.shards import index_shards
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -67,7 +68,7 @@ def _check_hf_dir(path: Path) -> str:
     try:
         config = json.loads(config_file.read_text())
         model_type = config.get("model_type", "<missing>")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, RecursionError) as e:
         raise CheckpointError(f"unreadable {config_file} ({e}); re-download the model") from e
     _check_supported(model_type, path)
     check_window(config, config_file)
@@ -88,6 +89,8 @@ def _check_hf_dir(path: Path) -> str:
             raise CheckpointError(f"missing weight shards in {path}: {', '.join(missing)}")
     for shard in shards:
         _check_safetensors(shard)
+    if index.is_file() and not (path / "model.safetensors").is_file():
+        tensor_locations(index_shards(index), index)  # no tensor in two shards, each where the index says
 
     if not any((path / name).is_file() for name in _TOKENIZER_FILES):
         raise CheckpointError(

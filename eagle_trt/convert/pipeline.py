@@ -39,7 +39,9 @@ from eagle_trt.errors import InputError, MissingDependencyError
 from eagle_trt.safetensors_stream import parse_size
 
 from .attach import import_modelopt
-from .export import check_apart, check_output_dir, staged_output, write_manifest, write_target
+from eagle_trt.staging import check_apart
+
+from .export import check_output_dir, staged_output, write_manifest, write_target
 from .head_training import attach_and_train
 from .load_target import load_target
 from .stages import Stages, versions
@@ -233,7 +235,7 @@ def _prepare(model_path, output_dir, overwrite: bool, head: Path | None, train: 
 
     run_on = resolve_device(device) if train else None
     out = check_output_dir(output_dir, overwrite)
-    check_apart(model_path, out)
+    check_apart(model_path, out, "the model being converted")
     if head is not None:
         check_apart(head, out, "the --head being shipped")
     work = Path(work_dir).expanduser().absolute() if work_dir else out.parent / f".{out.name}.train"

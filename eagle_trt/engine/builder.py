@@ -41,7 +41,7 @@ from eagle_trt.engine.manifest import (
     write_manifest,
 )
 from eagle_trt.errors import InputError, MissingDependencyError
-from eagle_trt.staging import staged_dir, swap_into_place, sweep_stale
+from eagle_trt.staging import check_apart, staged_dir, swap_into_place, sweep_stale
 
 __all__ = ["BuildSummary", "build_engine", "inspect_checkpoint"]
 
@@ -83,11 +83,14 @@ def build_engine(
     than max_shard_size are split into shards."""
     from eagle_trt.safetensors_stream import parse_size
 
+    from eagle_trt import private_cache
+
     start = time.monotonic()
     try:
         max_shard_bytes = parse_size(max_shard_size)
     except ValueError as e:
         raise InputError(f"--max-shard-size: {e}") from None
+    private_cache.check_settings()  # before the build, not after it (the layout is stored at the end)
     if checkpoint_dir is None and cfg.checkpoint_dir is None:
         raise InputError(
             "no checkpoint dir: set checkpoint_dir in the config or pass --checkpoint",
@@ -95,6 +98,7 @@ def build_engine(
         )
     ckpt = Path(checkpoint_dir if checkpoint_dir is not None else cfg.checkpoint_dir)
     out = Path(output_dir) if output_dir is not None else Path("engines") / cfg.name
+    check_apart(ckpt, out, "the checkpoint being built")  # replacing OUT must not touch the checkpoint
     _check_output(out, overwrite)
     cfg = cfg.with_dtype(bf16_is_fast)
     warnings = check_backend(cfg)
@@ -146,12 +150,13 @@ def warm_runtime_layout(engine: Path) -> str | None:
     """Open the new engine once, so the weight cache holds its runtime layout for this machine's kernels and the
     first `run` here maps it instead of making it (models/weight_cache.py). Returns the kernels' name, or None
     when the cache is off."""
-    from eagle_trt.models.weight_cache import cache_dir
+    from eagle_trt.models.weight_cache import layouts_dir
     from eagle_trt.runtime.session import Session
 
-    if cache_dir() is None:
+    if layouts_dir() is None:
         return None
-    return Session.open(engine, verify=False).runner.target.backend.name
+    # Hashed again: a layout is stored only from bytes proven to be the manifest's (models/weight_cache.py).
+    return Session.open(engine, verify=True, just_written=True).runner.target.backend.name
 
 
 def bf16_is_fast() -> bool:
@@ -265,10 +270,12 @@ def copy_weights(shards: list[Path], out_dir: Path, dtype: str, max_shard_bytes:
     dtype: d2t offsets and t2d masks must stay exact integers and bools."""
     import torch
 
-    from eagle_trt.safetensors_stream import Planned, read_entries, read_tensor, write_sharded
+    from eagle_trt.safetensors_stream import Planned, read_tensor, tensor_locations, write_sharded
+    from eagle_trt.shards import INDEX_NAME
 
     cast = getattr(torch, dtype)
-    source = {name: (shard, e) for shard in shards for name, e in read_entries(shard).items()}
+    index = shards[0].parent / INDEX_NAME if shards and shards[0].name != "model.safetensors" else None
+    source = tensor_locations(shards, index)
     keep = keep or {}
     plan = [Planned(name, cast if e.dtype.is_floating_point else e.dtype, e.shape) for name, (_, e) in source.items()]
     plan += [Planned(name, t.dtype, tuple(t.shape)) for name, t in keep.items()]

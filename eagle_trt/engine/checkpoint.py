@@ -32,6 +32,7 @@ from eagle_trt.engine.head_checks import (
     head_kind,
 )
 from eagle_trt.errors import CheckpointError, ConfigError
+from eagle_trt.safetensors_stream import tensor_locations
 from eagle_trt.shards import index_shards
 
 KV_SCALES_NAME = "kv_scales.safetensors"
@@ -65,6 +66,13 @@ class CheckpointPlan:
 def inspect_checkpoint(cfg: EagleConfig, ckpt: Path) -> CheckpointPlan:
     """Check that ckpt (output of `eagle-trt convert`) exists, is complete and fits cfg."""
     if not ckpt.is_dir():
+        if ckpt.is_file() and ckpt.suffix.lower() == ".gguf":
+            raise CheckpointError(f"checkpoint '{ckpt}' is a GGUF model file, not a checkpoint dir",
+                                  hint=f"make a checkpoint from it first: `eagle-trt convert {ckpt} --output DIR`, "
+                                       "then build with --checkpoint DIR")
+        if ckpt.exists():
+            raise CheckpointError(f"checkpoint '{ckpt}' is a file, not a checkpoint dir",
+                                  hint="pass the dir `eagle-trt convert --output` wrote")
         raise CheckpointError(f"checkpoint dir '{ckpt}' not found", hint="create it with `eagle-trt convert`")
     tdir, ddir = ckpt / "target", ckpt / "draft"
     for sub in (tdir, ddir):
@@ -237,7 +245,7 @@ def _read_json(path: Path) -> dict:
         raise CheckpointError(f"'{path}' not found")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise CheckpointError(f"cannot read '{path}': {exc}") from exc
     if not isinstance(data, dict):
         raise CheckpointError(f"'{path}' must hold a JSON object")
@@ -269,6 +277,8 @@ def _target_shards(tdir: Path, embed_shape: list[int]) -> list[Path]:
     for shard in shards:
         if not shard.is_file():
             raise CheckpointError(f"weight shard '{shard}' not found")
+    tensor_locations(shards, index if shards[0].name != "model.safetensors" else None)  # each tensor in one place
+    for shard in shards:
         emb = _shapes(shard).get("model.embed_tokens.weight")
         if emb is not None and emb != embed_shape:
             raise CheckpointError(

@@ -10,11 +10,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle_trt.config import EagleConfig, load_config
 from eagle_trt.engine.manifest import MANIFEST_NAME, Manifest, read_manifest, sha256_file
+from eagle_trt import private_cache
+from eagle_trt.private_cache import WeightSource
 from eagle_trt.engine import verified
 from eagle_trt.errors import CheckpointError, EngineIntegrityError
 
@@ -39,6 +41,9 @@ class EngineDir:
     root: Path
     manifest: Manifest
     config: EagleConfig
+    # Files (manifest paths) found holding their manifest bytes when opened, with their stamps then; empty when
+    # opened without verify.
+    checked: dict = field(default_factory=dict)
 
     @property
     def target_dir(self) -> Path:
@@ -52,13 +57,22 @@ class EngineDir:
     def tokenizer_dir(self) -> Path:
         return self.root / "tokenizer"
 
+    def weight_source(self, sub: str) -> WeightSource:
+        """What the runtime weight cache needs to know of the model in `sub` ("target", "draft"): each file's sha256
+        from the manifest and the stamps of those proven to hold it."""
+        prefix = f"{sub}/"
+        hashes = {rel[len(prefix):]: e.sha256 for rel, e in self.manifest.files.items() if rel.startswith(prefix)}
+        checked = {rel[len(prefix):]: s for rel, s in self.checked.items() if rel.startswith(prefix)}
+        return WeightSource(self.root / sub, hashes, checked, owner=self.root)
 
-def open_engine(path: str | Path, verify: bool = True, rehash: bool = False) -> EngineDir:
+
+def open_engine(path: str | Path, verify: bool = True, rehash: bool = False, just_written: bool = False) -> EngineDir:
     """Check path against its manifest and return an EngineDir.
 
     Always: manifest parses, required and listed files exist with the recorded sizes, no unlisted
     weight files. verify=True also hashes every file this machine has not hashed since it was last written
-    (`verified.py`); rehash=True hashes every file.
+    (`verified.py`); rehash=True hashes every file. just_written: this process wrote the files moments ago (`build`)
+    and nobody else has had them, so a stamp younger than the timestamps' granularity still proves them unchanged.
     """
     root = Path(path)
     if not root.exists():
@@ -90,20 +104,34 @@ def open_engine(path: str | Path, verify: bool = True, rehash: bool = False) -> 
         rel = file.relative_to(root).as_posix()
         if file.is_file() and file.suffix in WEIGHT_SUFFIXES and rel not in manifest.files:
             raise EngineIntegrityError(f"engine dir '{root}' has a weight file not in {MANIFEST_NAME}: '{rel}'", hint=_HINT)
-    if verify:
-        # Sizes matched, so hashing is the slow, definitive check: any flipped byte shows here. A file this machine
-        # hashed before and that no write has touched since (same inode, size, mtime and ctime) is not hashed again.
-        seen = {} if rehash else verified.load(root)
-        for rel, entry in manifest.files.items():
-            if verified.unchanged(seen, root / rel, entry.sha256):
-                continue
-            digest = sha256_file(root / rel)
+    checked = _verify(root, manifest, rehash, just_written) if verify else {}
+    return EngineDir(root=root, manifest=manifest, config=load_config(root / "eagle_config.yaml"), checked=checked)
+
+
+def _verify(root: Path, manifest: Manifest, rehash: bool, just_written: bool) -> dict[str, list[int]]:
+    """Hash every listed file (sizes matched, so this is the slow, definitive check: any flipped byte shows here),
+    except one this machine hashed before and no write has touched since (`verified.py`). Returns the stamp of each
+    file proven to hold its manifest bytes, which stays valid while the stamp does: only bytes proven this way are
+    made into a stored runtime layout (`models/weight_cache.py`)."""
+    seen = {} if rehash else verified.load(root)
+    checked: dict[str, list[int]] = {}
+    for rel, entry in manifest.files.items():
+        file = root / rel
+        stamp = verified.unchanged(seen, file, entry.sha256)
+        if stamp is None:
+            before = private_cache.stamp(file)
+            digest = sha256_file(file)
             if digest != entry.sha256:
                 raise EngineIntegrityError(
-                    f"engine file '{root / rel}' does not match its sha256 in {MANIFEST_NAME} "
+                    f"engine file '{file}' does not match its sha256 in {MANIFEST_NAME} "
                     f"({digest[:12]}... != {entry.sha256[:12]}...): modified after the build",
                     hint=_HINT,
                 )
-            verified.record(seen, root / rel, digest)
-        verified.save(root, seen)
-    return EngineDir(root=root, manifest=manifest, config=load_config(root / "eagle_config.yaml"))
+            after = private_cache.stamp(file)
+            stamp = after if after == before else None  # written while hashed: the digest proves no one state
+            if stamp is not None:
+                verified.record(seen, file, digest, stamp)
+        if stamp is not None and (just_written or verified.settled(stamp)):
+            checked[rel] = stamp
+    verified.save(root, seen)
+    return checked

@@ -159,7 +159,7 @@ def read_manifest(root: str | Path) -> Manifest:
         )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise EngineIntegrityError(f"'{path}' is not valid JSON: {exc}") from exc
     version = data.get("format_version") if isinstance(data, dict) else None
     if isinstance(version, int) and version > FORMAT_VERSION:

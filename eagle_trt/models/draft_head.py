@@ -27,6 +27,7 @@ from eagle_trt.models.kv_cache import KVCache
 from eagle_trt.models.layers import Rope
 from eagle_trt.models.spec import DraftSpec
 from eagle_trt.models.weights import load_safetensors, read_json, take
+from eagle_trt.private_cache import WeightSource
 
 
 class Eagle3DraftHead:
@@ -98,29 +99,27 @@ class Eagle3DraftHead:
 
     @classmethod
     def load(cls, draft_dir: str | Path, target, dtype: torch.dtype = torch.float32,
-             cache: bool = False) -> "Eagle3DraftHead":
-        """The head in draft_dir for `target`. cache=True (an engine's head): its runtime layout from the weight
-        cache when this machine made it before, stored there when not (`models/weight_cache.py`)."""
+             cache: WeightSource | None = None) -> "Eagle3DraftHead":
+        """The head in draft_dir for `target`. cache (an engine's head, `EngineDir.weight_source`): its runtime
+        layout from the weight cache when this machine made it before, stored there when not
+        (`models/weight_cache.py`)."""
         draft_dir = Path(draft_dir)
         cfg_path = draft_dir / "config.json"
         spec = DraftSpec.from_config(read_json(cfg_path), target.spec, str(cfg_path))
         backend = cls._backend(target, dtype, len(spec.aux_layer_ids))
-        path = weight_cache.cache_path(draft_dir, "draft", backend.cache_key) if cache else None
-        state = weight_cache.read(path)
-        if state is not None:
-            try:
-                return cls.from_runtime_state(spec, target, dtype, backend, *state)
-            except (KeyError, ValueError, TypeError):
-                pass  # a file this code cannot read: made again below
-        src = draft_dir / "model.safetensors"
-        w = load_safetensors(src, dtype)
-        official = any(k.startswith("midlayer.") for k in w)
-        if official:
-            w = {k.replace("midlayer.", "layers.0.", 1): t for k, t in w.items()}
-        head = cls(spec, w, target, dtype, hidden_prenorm=not official, source=src)
-        if path is not None:
-            weight_cache.write(path, *head.runtime_state(target), source=draft_dir)
-        return head
+
+        def make() -> "Eagle3DraftHead":
+            src = draft_dir / "model.safetensors"
+            w = load_safetensors(src, dtype)
+            official = any(k.startswith("midlayer.") for k in w)
+            if official:
+                w = {k.replace("midlayer.", "layers.0.", 1): t for k, t in w.items()}
+            return cls(spec, w, target, dtype, hidden_prenorm=not official, source=src)
+
+        return weight_cache.load_or_make(
+            cache, "draft", backend.cache_key, make,
+            state_of=lambda head: head.runtime_state(target),
+            restore=lambda tensors, meta: cls.from_runtime_state(spec, target, dtype, backend, tensors, meta))
 
     _PROJECTIONS = ("fc", "qkv", "o", "gate_up", "down")
     _TENSORS = ("hidden_norm", "input_norm", "post_norm", "norm", "draft_to_target")

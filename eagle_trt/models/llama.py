@@ -24,6 +24,7 @@ from eagle_trt.models.kv_cache import KVCache
 from eagle_trt.models.layers import Rope
 from eagle_trt.models.spec import TargetSpec
 from eagle_trt.models.weights import LazyTensors, read_json, take
+from eagle_trt.private_cache import WeightSource
 
 
 @dataclass
@@ -68,25 +69,19 @@ class LlamaTarget:
 
     # ---- loading -----------------------------------------------------------------------------
     @classmethod
-    def load(cls, model_dir: str | Path, dtype: torch.dtype = torch.float32, cache: bool = False,
+    def load(cls, model_dir: str | Path, dtype: torch.dtype = torch.float32, cache: WeightSource | None = None,
              role: str = "target") -> "LlamaTarget":
         """The model in model_dir (model.safetensors, or shards with their index), its tensors read one at a time.
-        cache=True (an engine's weights): the runtime layout comes from the weight cache when this machine made it
-        before, and is stored there when not (`models/weight_cache.py`)."""
+        cache (an engine's weights, `EngineDir.weight_source`): the runtime layout comes from the weight cache when
+        this machine made it before, and is stored there when not (`models/weight_cache.py`)."""
         model_dir = Path(model_dir)
         spec = TargetSpec.from_hf_config(read_json(model_dir / "config.json"), str(model_dir / "config.json"))
         backend = choose_backend(dtype, spec)
-        path = weight_cache.cache_path(model_dir, role, backend.cache_key) if cache else None
-        state = weight_cache.read(path)
-        if state is not None:
-            try:
-                return cls.from_runtime_state(spec, dtype, backend, *state)
-            except (KeyError, ValueError, TypeError):
-                pass  # a file this code cannot read: made again below
-        model = cls.from_state_dict(spec, LazyTensors(model_dir, dtype), dtype, model_dir, backend=backend)
-        if path is not None:
-            weight_cache.write(path, *model.runtime_state(), source=model_dir)
-        return model
+        return weight_cache.load_or_make(
+            cache, role, backend.cache_key,
+            make=lambda: cls.from_state_dict(spec, LazyTensors(model_dir, dtype), dtype, model_dir, backend=backend),
+            state_of=lambda model: model.runtime_state(),
+            restore=lambda tensors, meta: cls.from_runtime_state(spec, dtype, backend, tensors, meta))
 
     def runtime_state(self) -> tuple[dict[str, torch.Tensor], dict]:
         """Every tensor the forward reads, in the backend's layout, and how to rebuild the model from them."""

@@ -5,154 +5,335 @@ runtime wants them fused (q/k/v, gate/up), transposed to [in, out] and packed fo
 packing depends on the CPU (the vector width, AMX tiles). So the first start on a machine (or `eagle-trt build`, on
 the build machine) makes that layout and stores it here; later starts map the file and rearrange nothing.
 
-    path = cache_path(model_dir, "target", backend)      # None: the cache is off
-    state = read(path)                                   # (tensors, meta) mapped from disk, or None on a miss
-    write(path, tensors, meta)                           # atomic (temp file, then rename)
+    model = load_or_make(source, "target", backend.cache_key, make, state_of, restore)
 
-Where: $EAGLE_TRT_WEIGHT_CACHE, else $EAGLE_TRT_CACHE/weights, else ~/.cache/eagle-trt/weights;
-EAGLE_TRT_WEIGHT_CACHE=0 turns it off. The cache keeps itself small: each write removes the layouts whose engine dir
-is gone (an engine moved elsewhere makes its layout again at its next start) and then the least recently used ones
-until the rest fit $EAGLE_TRT_WEIGHT_CACHE_MAX (default 16GiB; a size such as 8GB or 500MiB, or bytes), never the
-file just written. A file is keyed by the engine's weight files (their sha256 in the engine's
-manifest, sizes and modification times; not where the engine lies, so a moved engine keeps its layout), the backend
-(kernel build, dtype, AMX or vectors) and this format, so a rebuilt engine, another CPU or another kernel build never
-reads a stale layout. The file is a JSON header followed by
-each tensor's bytes at a 64-byte aligned offset (the alignment the kernels' allocations have).
+Where: `layouts/` in the private cache dir (`private_cache.py`: <cache>/eagle-trt-cache, 0700, refused when others
+can write it; EAGLE_TRT_WEIGHT_CACHE=0 turns it off). What it trusts:
+
+- A layout is named by the sha256 its engine's manifest gives each weight file (not by where the engine lies, so a
+  copied or moved engine keeps it), the role, the backend (kernel build, dtype, AMX or vectors) and this format.
+- It is stored only when the bytes it was made from were proven to be those (`WeightSource.proven`: hashed when the
+  engine was opened and not written since): a start with --skip-verify, or on files that changed, makes its layout
+  in memory and stores nothing, so no later start can be served a layout of unchecked bytes.
+- Each file carries an xxh3-128 checksum of its data, checked whenever it is mapped, and an HMAC of its header under
+  the cache's key. A layout that fails either (damaged, edited, cut short, written without the key) is a miss: it is
+  made again, and the run says so once.
+
+The cache keeps itself small: a write removes the layouts whose engine dir is gone and then the least recently used
+ones until the rest fit $EAGLE_TRT_WEIGHT_CACHE_MAX (default 16GiB; a size such as 8GB or 500MiB, or bytes; 0 keeps
+none), never the file just written. It only ever removes files it can prove it wrote: in `layouts/`, named
+`<role>-<32 hex>.etw`, starting with its magic.
+
+File format: magic (8 bytes), header length (u64 LE), HMAC-SHA256 of the header (64 hex characters), the JSON
+header, then each tensor's bytes at a 64-byte aligned offset from a 64-byte aligned base (the alignment the kernels'
+allocations have).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import mmap
 import os
+import re
 import struct
 import tempfile
+import time
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
+import xxhash
 
-FORMAT = "eagle-trt-runtime-weights/1"
+from eagle_trt import private_cache
+from eagle_trt.private_cache import WeightSource
+
+log = logging.getLogger(__name__)
+
+FORMAT = "eagle-trt-runtime-weights/2"
 ALIGN = 64
-_MAGIC = b"EAGLETRT"
-DEFAULT_MAX = "16GiB"
+MAGIC = b"ETRTLAY2"
+_MAC_LEN = 64
+_PREFIX = len(MAGIC) + 8 + _MAC_LEN
+MAX_HEADER = 64 << 20  # far above any model's header; a larger length field is damage
+SUFFIX = ".etw"
+_ROLE = re.compile(r"[a-z][a-z0-9-]{0,31}")
+_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}-[0-9a-f]{32}\.etw")
+_TEMP = re.compile(r"\.[a-z][a-z0-9-]{0,31}-[0-9a-f]{32}\.etw\.[A-Za-z0-9_]+\.tmp")
+TEMP_MAX_AGE_S = 24 * 3600  # a temp file older than this belongs to a process that died while writing
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
+           "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
+           "bool": torch.bool}
+_DIR = "layouts"
+
+Model = TypeVar("Model")
 
 
-def cache_dir() -> Path | None:
-    """Where runtime layouts live, or None when EAGLE_TRT_WEIGHT_CACHE=0."""
-    chosen = os.environ.get("EAGLE_TRT_WEIGHT_CACHE")
-    if chosen == "0":
+def layouts_dir(create: bool = True) -> Path | None:
+    """Where layouts live, or None when the cache is off or not safe to use."""
+    return private_cache.subdir(_DIR, create=create)
+
+
+def cache_path(source: WeightSource | None, role: str, backend_key: str) -> Path | None:
+    """The layout file for these weights as `role` ("target", "draft", ...) on a backend, or None (off)."""
+    if source is None or not source.hashes:
         return None
-    if chosen:
-        return Path(chosen)
-    root = os.environ.get("EAGLE_TRT_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "eagle-trt") / "weights"
-
-
-def _identity(model_dir: Path) -> list:
-    """What names a model dir's weights: each weight file's size and modification time, and its sha256 from the
-    engine's manifest.json (the parent dir's) where there is one."""
-    hashes: dict = {}
-    manifest = model_dir.parent / "manifest.json"
-    try:
-        files = json.loads(manifest.read_text(encoding="utf-8")).get("files", {})
-        hashes = {rel: v.get("sha256") for rel, v in files.items() if isinstance(v, dict)}
-    except (OSError, ValueError, AttributeError):
-        pass
-    out = []
-    for f in sorted(model_dir.iterdir()):
-        if f.suffix in (".safetensors", ".json"):
-            st = f.stat()
-            out.append([f.name, st.st_size, st.st_mtime_ns, hashes.get(f"{model_dir.name}/{f.name}")])
-    return out
-
-
-def cache_path(model_dir: str | Path, role: str, backend_key: str) -> Path | None:
-    """The cache file for this model dir's weights as `role` ("target", "draft", ...) on a backend, or None (off)."""
-    root = cache_dir()
+    if not _ROLE.fullmatch(role):
+        raise ValueError(f"weight cache role {role!r}: lowercase letters, digits and '-'")
+    root = layouts_dir()
     if root is None:
         return None
-    blob = json.dumps([FORMAT, role, backend_key, _identity(Path(model_dir))], sort_keys=True).encode()
-    return root / f"{role}-{hashlib.sha256(blob).hexdigest()[:24]}.bin"
+    blob = json.dumps([FORMAT, role, backend_key, source.identity()], sort_keys=True).encode()
+    return root / f"{role}-{hashlib.sha256(blob).hexdigest()[:32]}{SUFFIX}"
 
 
-def write(path: Path, tensors: dict[str, torch.Tensor], meta: dict, source: str | Path | None = None) -> None:
+def load_or_make(source: WeightSource | None, role: str, backend_key: str, make: Callable[[], Model],
+                 state_of: Callable[[Model], tuple[dict, dict]],
+                 restore: Callable[[dict, dict], Model]) -> Model:
+    """The model from its stored layout when this machine made it before, else `make()`, stored when its bytes were
+    proven (see the module doc). `restore` may raise KeyError/ValueError/TypeError on a layout it cannot use: that
+    is a miss."""
+    private_cache.check_settings()
+    path = cache_path(source, role, backend_key)
+    stored = read(path)
+    if stored is not None:
+        try:
+            return restore(*stored)
+        except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as e:
+            _bad(path, f"does not fit this model ({type(e).__name__})")
+    model = make()
+    if path is not None and source.proven():
+        cap = private_cache.max_bytes()
+        if cap > 0:
+            write(path, *state_of(model), source=source)
+        else:
+            prune(path.parent, 0)
+    return model
+
+
+def write(path: Path, tensors: dict[str, torch.Tensor], meta: dict, source: WeightSource | None = None) -> None:
     """Store the tensors and meta atomically; a cache that cannot be written is skipped (it only saves time).
-    `source` (the model dir the layout was made from): layouts stored earlier for the same dir and backend, which a
-    rebuilt engine has made stale, are removed, so rebuilding an engine does not pile up layouts."""
-    source = str(Path(source).resolve()) if source is not None else None
-    entries, offset = {}, 0
+    `source`: layouts stored earlier for the same model dir and role, which a rebuilt engine has made stale, are
+    removed, so rebuilding an engine does not pile up layouts."""
+    model_dir = str(Path(source.model_dir).resolve()) if source is not None else None
+    owner = str(Path(source.owner).resolve()) if source is not None and source.owner is not None else model_dir
+    entries, offset, digest = {}, 0, xxhash.xxh3_128()
     for name, t in tensors.items():
-        offset = -(-offset // ALIGN) * ALIGN
+        pad = -offset % ALIGN
+        digest.update(bytes(pad))
+        offset += pad
         nbytes = t.numel() * t.element_size()
         entries[name] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "offset": offset,
                          "bytes": nbytes}
+        if nbytes:
+            digest.update(_raw(t))
         offset += nbytes
-    header = json.dumps({"format": FORMAT, "meta": meta, "tensors": entries, "source": source,
-                         "slot": path.name.rsplit("-", 1)[0]}).encode()
-    base = -(-(len(_MAGIC) + 8 + len(header)) // ALIGN) * ALIGN
+    header = json.dumps({"format": FORMAT, "meta": meta, "tensors": entries, "source": model_dir, "owner": owner,
+                         "slot": path.name.rsplit("-", 1)[0], "data_bytes": offset,
+                         "checksum": digest.hexdigest()}).encode()
+    tag = private_cache.mac(header)
+    if tag is None:
+        return
+    base = _base(len(header))
+    tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC + struct.pack("<Q", len(header)) + tag.encode() + header)
+            for name, t in tensors.items():
+                if t.numel():
+                    f.seek(base + entries[name]["offset"])
+                    f.write(_raw(t))
+            f.truncate(base + offset)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+        tmp = None
     except OSError:
         return
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+    if model_dir is not None:
+        _drop_stale(path, model_dir)
+    prune(path.parent, private_cache.max_bytes(), keep=path)
+
+
+def read(path: Path | None) -> tuple[dict[str, torch.Tensor], dict] | None:
+    """The stored tensors (views of a private mapping of the file: nothing is copied) and meta, or None when there
+    is no usable file. Its checksum is verified over every byte first; a damaged file is reported once and removed
+    (the caller makes the layout again)."""
+    if path is None:
+        return None
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(_MAGIC + struct.pack("<Q", len(header)) + header)
-            for name, t in tensors.items():
-                f.seek(base + entries[name]["offset"])
-                if t.numel():
-                    f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().data)
-            f.truncate(base + offset)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        _bad(path, f"cannot be read ({e.strerror})", remove=False)
+        return None
+    with f:
+        header, problem = _parse(f)
+        if problem is None:
+            size = os.fstat(f.fileno()).st_size
+            base = _base(header["_length"])
+            if base + header["data_bytes"] != size:
+                problem = f"has {size} bytes, its header says {base + header['data_bytes']} (cut short or extended)"
+        if problem is not None:
+            _bad(path, problem)
+            return None
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    view = memoryview(mapped)[base:]
+    ok = xxhash.xxh3_128_hexdigest(view) == header["checksum"]
+    view.release()
+    if not ok:
+        _bad(path, "does not match its checksum (its bytes changed after it was written)")
+        return None
+    try:  # recently used: what `prune` removes last
+        os.utime(path)
     except OSError:
         pass
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    if source is not None:
-        _drop_stale(path, source)
-    if path.is_file():
-        prune(path.parent, max_bytes(), keep=path)
-
-
-def max_bytes() -> int:
-    """The cache's size cap: $EAGLE_TRT_WEIGHT_CACHE_MAX, else DEFAULT_MAX (a value that is not a size: the default)."""
-    from eagle_trt.safetensors_stream import parse_size
-
-    try:
-        return parse_size(os.environ.get("EAGLE_TRT_WEIGHT_CACHE_MAX") or DEFAULT_MAX)
-    except ValueError:
-        return parse_size(DEFAULT_MAX)
+    tensors = {}
+    for name, e in header["tensors"].items():
+        dtype = _DTYPES[e["dtype"]]
+        count = e["bytes"] // _itemsize(dtype)
+        flat = (torch.frombuffer(mapped, dtype=dtype, count=count, offset=base + e["offset"]) if count
+                else torch.empty(0, dtype=dtype))
+        tensors[name] = flat.view(e["shape"])
+    return tensors, header["meta"]
 
 
 def prune(root: Path, cap: int, keep: Path | None = None) -> list[Path]:
-    """Remove the layouts under root whose source dir no longer exists, then the least recently used (oldest
-    modification time: `read` refreshes it) until the rest take at most `cap` bytes; never `keep`. A process that
-    has a removed file mapped keeps reading it (the data stays until it is unmapped). Returns what was removed."""
-    entries = []
-    for f in root.glob("*.bin"):
-        try:
-            st = f.stat()
-        except OSError:
+    """Remove this cache's layouts under root whose engine dir no longer exists, then the least recently used
+    (oldest modification time: `read` refreshes it) until the rest take at most `cap` bytes; never `keep`, and
+    never a file that is not provably a layout of this cache. Temp files of writers that died long ago go too. A
+    process that has a removed file mapped keeps reading it (the data stays until it is unmapped). Returns what was
+    removed."""
+    entries, removed = [], []
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    for name in names:
+        f = root / name
+        if _TEMP.fullmatch(name) and _stale_temp(f) and _unlink(f):
+            removed.append(f)
+            continue
+        if not _NAME.fullmatch(name) or f == keep:
+            continue
+        st = _own_file(f)
+        if st is None:
+            continue
+        header, _ = _header(f)  # trusted only when signed; a damaged layout of ours is pruned like any other
+        owner = header.get("owner") if header else None
+        if isinstance(owner, str) and not Path(owner).is_dir():
+            if _unlink(f):
+                removed.append(f)
             continue
         entries.append((st.st_mtime_ns, st.st_size, f))
-    removed = []
-    for _, _, f in entries:
-        header = _header(f) if f != keep else None
-        source = header.get("source") if header else None
-        if source and not Path(source).is_dir() and _unlink(f):
-            removed.append(f)
-    live = sorted((e for e in entries if e[2] not in removed), key=lambda e: e[0])
-    total = sum(size for _, size, _ in live)
-    for _, size, f in live:
+    keep_size = keep.stat().st_size if keep is not None and keep.is_file() else 0
+    total = sum(size for _, size, _ in entries) + keep_size
+    for _, size, f in sorted(entries, key=lambda e: e[0]):
         if total <= cap:
             break
-        if f != keep and _unlink(f):
+        if _unlink(f):
             removed.append(f)
             total -= size
     return removed
+
+
+# ---- helpers -----------------------------------------------------------------------------------------------------
+
+def _raw(t: torch.Tensor) -> memoryview:
+    return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy()).cast("B")
+
+
+def _base(header_len: int) -> int:
+    return -(-(_PREFIX + header_len) // ALIGN) * ALIGN
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def _parse(f) -> tuple[dict | None, str | None]:
+    """(header, None) for a layout this cache wrote whose header is whole and consistent, else (header or None,
+    what is wrong). The header gets `_length` (its size in bytes)."""
+    prefix = f.read(_PREFIX)
+    if len(prefix) < _PREFIX or not prefix.startswith(MAGIC):
+        return None, "is not a layout file"
+    (n,) = struct.unpack("<Q", prefix[len(MAGIC):len(MAGIC) + 8])
+    if n > MAX_HEADER:
+        return None, f"has a header length of {n} bytes (damaged)"
+    raw = f.read(n)
+    if len(raw) != n:
+        return None, "is cut short inside its header"
+    if not private_cache.mac_ok(raw, prefix[len(MAGIC) + 8:].decode("ascii", "replace")):
+        return None, "has a header this cache did not sign"
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None, "has a header that is not JSON"
+    problem = _check_header(header)
+    if problem is not None:
+        return None, problem
+    header["_length"] = n
+    return header, None
+
+
+def _check_header(h) -> str | None:
+    """What is inconsistent in a parsed header (types, dtypes, sizes, offsets), or None."""
+    if not isinstance(h, dict) or h.get("format") != FORMAT:
+        return "is of another format"
+    data, tensors = h.get("data_bytes"), h.get("tensors")
+    if not _nonneg(data) or not isinstance(tensors, dict) or not isinstance(h.get("meta"), dict) \
+            or not isinstance(h.get("checksum"), str):
+        return "has an incomplete header"
+    for name, e in tensors.items():
+        if not isinstance(e, dict) or e.get("dtype") not in _DTYPES:
+            return f"has an unreadable entry for {name!r}"
+        shape, offset, nbytes = e.get("shape"), e.get("offset"), e.get("bytes")
+        if not isinstance(shape, list) or not all(_nonneg(d) for d in shape) or not _nonneg(offset) \
+                or not _nonneg(nbytes) or offset % ALIGN:
+            return f"has an unreadable entry for {name!r}"
+        count = 1
+        for d in shape:
+            count *= d
+        if count * _itemsize(_DTYPES[e["dtype"]]) != nbytes or offset + nbytes > data:
+            return f"has an entry for {name!r} whose shape, size and offset disagree"
+    return None
+
+
+def _nonneg(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _header(path: Path) -> tuple[dict | None, str | None]:
+    try:
+        with open(path, "rb") as f:
+            return _parse(f)
+    except OSError:
+        return None, "cannot be read"
+
+
+def _own_file(f: Path) -> os.stat_result | None:
+    """The file's stat when it is a regular file (not a link) that starts with this cache's magic."""
+    try:
+        st = os.lstat(f)
+        if not (st.st_mode & 0o170000 == 0o100000):
+            return None
+        with open(f, "rb") as fh:
+            return st if fh.read(len(MAGIC)) == MAGIC else None
+    except OSError:
+        return None
+
+
+def _stale_temp(f: Path) -> bool:
+    try:
+        st = os.lstat(f)
+    except OSError:
+        return False
+    return st.st_mode & 0o170000 == 0o100000 and time.time() - st.st_mtime > TEMP_MAX_AGE_S
 
 
 def _unlink(path: Path) -> bool:
@@ -163,59 +344,19 @@ def _unlink(path: Path) -> bool:
         return False
 
 
-def _drop_stale(kept: Path, source: str) -> None:
-    """Remove the other layouts made from `source` for the same role (what the file name starts with)."""
+def _bad(path: Path, why: str, remove: bool = True) -> None:
+    """A stored layout that cannot be used: said once, removed when it is provably this cache's (it is made again)."""
+    private_cache.warn_once(f"layout:{path}", f"weight cache: layout '{path}' {why}; making it again")
+    if remove and _NAME.fullmatch(path.name) and _own_file(path) is not None:
+        _unlink(path)
+
+
+def _drop_stale(kept: Path, model_dir: str) -> None:
+    """Remove the other layouts made from `model_dir` for the same role (what the file name starts with)."""
     slot = kept.name.rsplit("-", 1)[0]
-    for other in kept.parent.glob(f"{slot}-*.bin"):
-        if other == kept:
+    for other in kept.parent.glob(f"{slot}-*{SUFFIX}"):
+        if other == kept or not _NAME.fullmatch(other.name) or _own_file(other) is None:
             continue
-        header = _header(other)
-        if header is not None and header.get("source") == source and header.get("slot") == slot:
-            try:
-                other.unlink()
-            except OSError:
-                pass
-
-
-def _header(path: Path) -> dict | None:
-    try:
-        with open(path, "rb") as f:
-            if f.read(len(_MAGIC)) != _MAGIC:
-                return None
-            (n,) = struct.unpack("<Q", f.read(8))
-            return json.loads(f.read(n))
-    except (OSError, ValueError, struct.error):
-        return None
-
-
-def read(path: Path | None) -> tuple[dict[str, torch.Tensor], dict] | None:
-    """The stored tensors (views of a private read-only-in-practice mapping of the file: nothing is copied, pages
-    load as the kernels touch them) and meta, or None when there is no usable file."""
-    if path is None or not path.is_file():
-        return None
-    try:
-        with open(path, "rb") as f:
-            if f.read(len(_MAGIC)) != _MAGIC:
-                return None
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-            if header.get("format") != FORMAT:
-                return None
-            base = -(-(len(_MAGIC) + 8 + n) // ALIGN) * ALIGN
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    except (OSError, ValueError, struct.error):
-        return None
-    try:  # recently used: what `prune` removes last
-        os.utime(path)
-    except OSError:
-        pass
-    tensors = {}
-    for name, e in header["tensors"].items():
-        dtype = getattr(torch, e["dtype"])
-        count = e["bytes"] // torch.empty(0, dtype=dtype).element_size()
-        if base + e["offset"] + e["bytes"] > len(mapped):
-            return None
-        flat = (torch.frombuffer(mapped, dtype=dtype, count=count, offset=base + e["offset"]) if count
-                else torch.empty(0, dtype=dtype))
-        tensors[name] = flat.view(e["shape"])
-    return tensors, header["meta"]
+        header, _ = _header(other)
+        if header is not None and header.get("source") == model_dir and header.get("slot") == slot:
+            _unlink(other)

@@ -15,7 +15,7 @@ def read_json(path: Path) -> dict:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{path}: file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
 
 
@@ -28,8 +28,13 @@ def load_safetensors(path: Path, dtype: torch.dtype | None = None) -> dict[str, 
 
     path = Path(path)
     if not path.is_file() and (path.parent / INDEX_NAME).is_file():
+        from eagle_trt.safetensors_stream import tensor_locations
+
+        index = path.parent / INDEX_NAME
+        shards = index_shards(index)
+        tensor_locations(shards, index)  # no tensor in two shards, each where the index says
         out: dict[str, torch.Tensor] = {}
-        for shard in index_shards(path.parent / INDEX_NAME):
+        for shard in shards:
             out.update(load_safetensors(shard, dtype))
         return out
     if not path.is_file():
@@ -61,19 +66,10 @@ class LazyTensors:
     what is made of it. Supports what loading uses: `in`, `pop` (with `take`) and iteration over the names."""
 
     def __init__(self, model_dir: Path, dtype: torch.dtype | None = None):
-        from eagle_trt.safetensors_stream import read_entries
-        from eagle_trt.shards import INDEX_NAME, index_shards
+        from eagle_trt.safetensors_stream import model_tensors
 
-        model_dir = Path(model_dir)
-        single = model_dir / "model.safetensors"
-        if single.is_file():
-            shards = [single]
-        elif (model_dir / INDEX_NAME).is_file():
-            shards = index_shards(model_dir / INDEX_NAME)
-        else:
-            raise CheckpointError(f"{single}: file not found")
         self.dtype = dtype
-        self._where = {name: (shard, e) for shard in shards for name, e in read_entries(shard).items()}
+        self._where = model_tensors(Path(model_dir))
         self._files: dict = {}
 
     def __contains__(self, name: str) -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from eagle_trt import private_cache
 from eagle_trt.eos import eos_from_files
 from eagle_trt.errors import CheckpointError, InputError
 from eagle_trt.models.draft_head import Eagle3DraftHead
@@ -34,10 +35,13 @@ class Session:
     tokenizer: object
 
     @classmethod
-    def open(cls, engine_path: str | Path, verify: bool = True, device: str = "cpu") -> "Session":
+    def open(cls, engine_path: str | Path, verify: bool = True, device: str = "cpu",
+             just_written: bool = False) -> "Session":
+        """just_written: `build` opening the engine it wrote a moment ago (see `open_engine`)."""
         from eagle_trt.engine.engine_dir import open_engine
 
-        engine = open_engine(engine_path, verify=verify)
+        private_cache.check_settings()  # a bad cache setting fails before anything loads
+        engine = open_engine(engine_path, verify=verify, just_written=just_written)
         cfg = engine.config
         if cfg.backend != "torch":
             # The one module that imports tensorrt_llm: exit 3 with the install hint where it is absent,
@@ -46,8 +50,8 @@ class Session:
 
             return cls(engine, TrtllmRunner.open(engine), load_tokenizer(engine.tokenizer_dir))
         dtype = DTYPES[cfg.dtype]
-        # cache=True: the weights' runtime layout for this machine, made once and mapped afterwards.
-        target = LlamaTarget.load(engine.target_dir, dtype, cache=True)
+        # The weights' runtime layout for this machine, made once and mapped afterwards (models/weight_cache.py).
+        target = LlamaTarget.load(engine.target_dir, dtype, cache=engine.weight_source("target"))
         kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, dtype)
         scales = _kv_scales(Path(engine.root) / "kv_scales.safetensors")
         # Drafted tree + root + prompt-lookup branches, with room for run-time options above the config's.
@@ -58,10 +62,10 @@ class Session:
         if engine.manifest.draft.kind == "model":  # a small LM drafts, with its own KV cache (model_drafter.py)
             from eagle_trt.runtime.model_drafter import DraftModel, ModelDrafter
 
-            draft = DraftModel.load(engine.draft_dir, dtype, cache=True, role="draft-model")
+            draft = DraftModel.load(engine.draft_dir, dtype, cache=engine.weight_source("draft"), role="draft-model")
             drafter = ModelDrafter(draft, capacity, target.spec.vocab_size, kv_dtype)
         else:
-            head = Eagle3DraftHead.load(engine.draft_dir, target, dtype, cache=True)
+            head = Eagle3DraftHead.load(engine.draft_dir, target, dtype, cache=engine.weight_source("draft"))
         tokenizer = load_tokenizer(engine.tokenizer_dir)
         runner = Runner(target, head, capacity=capacity,
                         kv_dtype=kv_dtype, k_scales=scales.get("target.k_scales"),
@@ -151,7 +155,7 @@ def read_tuned(root: str | Path, manifest) -> dict:
         out = {k: data[k] for k in TUNED_KEYS if k in data}
         ok = all(isinstance(out[k], int) and out[k] >= lo for k, lo in _TUNED_MIN.items() if k in out)
         ok = ok and out.get("tree", "dynamic") in ("dynamic", "static", "chain")
-    except (OSError, ValueError, TypeError) as e:
+    except (OSError, ValueError, TypeError, RecursionError) as e:
         raise CheckpointError(f"{path}: unreadable ({e})", hint="rerun `eagle-trt tune`") from None
     if not ok:
         raise CheckpointError(f"{path}: bad tuned settings {out}", hint="rerun `eagle-trt tune`")

@@ -46,6 +46,13 @@ def library():
         return _state["lib"]
     _state["lib"], _state["why"] = None, "disabled (EAGLE_TRT_NATIVE=0)" if not enabled() else None
     if enabled():
+        from eagle_trt.models.native import isa
+
+        try:
+            isa.requested()  # a bad EAGLE_TRT_ISA is the user's error (exit 2), not a reason to fall back
+        except Exception:
+            _state.clear()
+            raise
         # torch is loaded first: the kernels' OpenMP then resolves to the runtime torch uses (one thread pool).
         import torch  # noqa: F401  (imported for that effect)
 
@@ -59,6 +66,12 @@ def library():
         else:
             if _state["lib"].backend is None:
                 _state["lib"], _state["why"] = None, "this CPU (or EAGLE_TRT_ISA) lacks AVX2 + FMA"
+            else:
+                try:
+                    isa.check_backend(_state["lib"].backend)
+                except Exception:
+                    _state.clear()
+                    raise
     return library()
 
 
@@ -69,7 +82,8 @@ def unavailable() -> str | None:
 
 
 def library_or_none():
-    """`library()` that never raises (for probes such as `bf16_is_fast`)."""
+    """`library()` that does not raise when the kernels are unavailable (for probes such as `bf16_is_fast`); a bad
+    EAGLE_TRT_ISA is still an InputError."""
     try:
         return library()
     except NativeUnavailable:

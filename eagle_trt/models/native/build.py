@@ -14,6 +14,7 @@ import hashlib
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -67,12 +68,29 @@ def build(cxx: str | None = None, out_dir: Path | None = None, target_isa: str |
     out_dir = out_dir or cache_dir()
     target = library_path(cxx, build_flags, out_dir)
     if target.exists():
+        _check_trusted(target)
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
+    _check_trusted(out_dir)
     with _locked(target.with_suffix(".lock")):
         if not target.exists():  # another process may have built it while this one waited
             _compile(cxx, build_flags, target)
+    _check_trusted(target)
     return target
+
+
+def _check_trusted(path: Path) -> None:
+    """A library is code this process will run: it and its dir must be owned by this user or root and writable by
+    no one else (a shared cache made by root serves every user). RuntimeError otherwise (the kernels are then
+    unavailable, and the reason says where and why)."""
+    for p in (path.parent, path) if path.is_file() else (path,):
+        st = os.lstat(p)
+        if stat.S_ISLNK(st.st_mode) and p == path:
+            raise RuntimeError(f"kernel library '{p}' is a symbolic link: not loaded")
+        if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
+            raise RuntimeError(f"kernel cache '{p}' is writable by another user (owner uid {st.st_uid}, mode "
+                               f"{stat.S_IMODE(st.st_mode):04o}): not loaded; fix it with `chmod go-w '{p}'` or set "
+                               "EAGLE_TRT_CACHE to a dir of your own")
 
 
 class _locked:
