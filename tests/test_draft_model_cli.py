@@ -167,7 +167,8 @@ def test_bench_draft_model_methods_and_hf_assistant(engine, tmp_path):
 
     res = bench_engine(engine, "chat", limit=2, max_new_tokens=16, repeats=1, machine=False, plots=False,
                        methods=["hf", "hf-assisted", "ar", "draft-model-chain", "draft-model", "draft-model-lookup"])
-    assert res["failures"] == [] and not res["warnings"]
+    # The tiny engine takes 64 prompt tokens: the longer chat prompts are cut, and said so.
+    assert res["failures"] == [] and {w["kind"] for w in res["warnings"]} <= {"truncated_prompt"}
     assert res["methods"]["hf-assisted"]["assistant_model"] == "the engine's draft model"
     assert res["summary"]["draft-model-chain"]["acceptance_length"] > 1
     r = cli.invoke(app, ["bench", "--engine", str(engine), "--methods", "tree", "--limit", "1", "-o",

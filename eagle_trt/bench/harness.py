@@ -158,6 +158,7 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
                          f"{session.config.max_output_len}")
     if methods is None:
         methods = default_methods(session)
+    method_objs = build_methods(session, methods)  # a bad --methods fails before any prompt is looked at
     max_in = session.runner.max_input_len
     encoded, cut = [], []
     for p in prompt_set:
@@ -172,7 +173,6 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
         if progress:
             progress(f"warning: {w['message']}")
     truncated = len(cut)
-    method_objs = build_methods(session, methods)
     results = run_bench(method_objs, encoded, max_new_tokens, repeats, progress=progress)
     results["warnings"] = cut + results["warnings"]
     results["config"] = {
