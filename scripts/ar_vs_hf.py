@@ -34,7 +34,7 @@ def main() -> None:
     eos = session.runner.target.spec.eos_token_ids
 
     def ours(mode):
-        r = session.runner.generate(ids, session.decode_options(max_new_tokens=args.max_new_tokens, mode=mode))
+        r = session.runner.generate(ids, session.decode_config(max_new_tokens=args.max_new_tokens, mode=mode))
         return r.token_ids, r.metrics.total_s
 
     def hf_generate():

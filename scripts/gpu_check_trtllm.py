@@ -125,7 +125,7 @@ def build_bundles(work: Path) -> dict[str, list[Path]]:
         for tree, kv, name, source in [(t, k, f"smoke-{t}-{k}", ckpt) for t, k in variants] + [
                 ("chain", "auto", "smoke-draftmodel-chain-auto", model_ckpt)]:
             cfg = EagleConfig(name=name, backend="trtllm", dtype="bfloat16", trtllm_version=line,
-                              kv_cache_dtype=kv, tree=tree, draft_length=4, max_beam_width=4, total_tokens=10,
+                              kv_cache_dtype=kv, tree=tree, draft_length=4, beam_width=4, total_tokens=10,
                               lookup_tokens=0, max_input_len=256, max_output_len=128)  # fmt: skip
             dest = work / "bundles" / line.replace("+", "plus") / cfg.name
             out.setdefault(line, []).append(build_engine(cfg, source, dest).engine_dir)

@@ -65,8 +65,8 @@ def main() -> None:
     if bad := [n for n in names if n not in known]:
         raise SystemExit(f"unknown or unavailable variant(s) {bad} here; choose from {', '.join(known)}")
     sessions = {n: session if known[n] is None else open_on(args.engine, known[n]) for n in names}
-    spec = session.decode_options(max_new_tokens=args.max_new_tokens)
-    ar = session.decode_options(mode="ar", max_new_tokens=args.max_new_tokens)
+    spec = session.decode_config(max_new_tokens=args.max_new_tokens)
+    ar = session.decode_config(mode="ar", max_new_tokens=args.max_new_tokens)
     totals = {name: [0.0, 0.0, 0, 0, 0] for name in names}  # ar s, spec s, ar tokens, spec tokens, mismatches
     for _ in range(args.repeats):
         for ids in prompts:

@@ -1,7 +1,7 @@
 """Where a decode step's time goes, for plain AR and the engine's (tuned) speculative setting, side by side.
 
     python scripts/profile_decode.py --engine engines/smollm2-135m-eagle3-bf16 --prompts humaneval --limit 6
-    # another speculative setting than the engine's: any DecodeOptions field
+    # another speculative setting than the engine's: any DecodeConfig field
     python scripts/profile_decode.py --engine E --set total_tokens=4 --set lookup_tokens=12 --set max_verify_rows=0
 
 Prints, per method: tokens/s, ms per step, the draft and verify ms inside a step (the rest is
@@ -21,7 +21,7 @@ from decode_setup import decode_parser, open_session
 def main() -> None:
     ap = decode_parser(__doc__)
     ap.add_argument("--top", type=int, default=12)
-    ap.add_argument("--set", action="append", default=[], help="name=value: a DecodeOptions field (int or float)")
+    ap.add_argument("--set", action="append", default=[], help="name=value: a DecodeConfig field (int or float)")
     args = ap.parse_args()
 
     from torch.profiler import ProfilerActivity, profile
@@ -34,8 +34,8 @@ def main() -> None:
         name, _, value = item.partition("=")
         overrides[name] = float(value) if "." in value else int(value)
     label = "eagle (" + (", ".join(args.set) or "engine defaults") + ")"
-    runs = {"ar": session.decode_options(mode="ar", max_new_tokens=args.max_new_tokens),
-            label: session.decode_options(max_new_tokens=args.max_new_tokens, **overrides)}
+    runs = {"ar": session.decode_config(mode="ar", max_new_tokens=args.max_new_tokens),
+            label: session.decode_config(max_new_tokens=args.max_new_tokens, **overrides)}
     runner.generate(encoded[0], runs[label])  # warm-up
     for name, opts in runs.items():
         tokens = steps = 0

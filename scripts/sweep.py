@@ -38,7 +38,7 @@ def run_setting(session, encoded, overrides, repeats, max_new_tokens):
     taus, sizes, speeds, rows = [], [], [], []
     for i, ids in enumerate(encoded):
         for r in range(repeats):
-            opts = session.decode_options(max_new_tokens=max_new_tokens, seed=1000 * i + r, **overrides)
+            opts = session.decode_config(max_new_tokens=max_new_tokens, seed=1000 * i + r, **overrides)
             m = session.runner.generate(ids, opts).metrics.to_dict()
             taus.append(m["acceptance_length"])
             sizes.append(m["mean_tree_size"])
@@ -57,7 +57,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", required=True)
     ap.add_argument("--set", required=True, action="append",
-                    help="name=v1,v2,... a DecodeOptions field and its values; repeat to zip several fields")
+                    help="name=v1,v2,... a DecodeConfig field and its values; repeat to zip several fields")
     ap.add_argument("--with-ar", action="store_true", help="also run plain decoding under each setting")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=96)
@@ -83,7 +83,7 @@ def main() -> None:
         encoded = [p.encode(session.tokenizer) for p in load_prompts(args.prompts, args.limit)]
     else:
         encoded = [session.encode(p) for p in PROMPTS[: args.limit]]
-    session.runner.generate(encoded[0], session.decode_options(max_new_tokens=8))  # warm-up
+    session.runner.generate(encoded[0], session.decode_config(max_new_tokens=8))  # warm-up
     table = Table(title=f"sweep of {name} ({len(encoded)} prompts x {args.repeats}, {args.max_new_tokens} tokens)")
     for col in (name, "tau", "tree size", "tok/s min", "tok/s median", "AR tok/s median", "speedup"):
         table.add_column(col, justify="right")

@@ -78,7 +78,7 @@ def ckpt(base_ckpt, tmp_path) -> Path:
 def cfg() -> EagleConfig:
     # The tiny target has 1024 positions, so the SmolLM2 defaults (2048 + 512) would not fit.
     return EagleConfig(name="tiny", dtype="float32", max_input_len=512, max_output_len=256, draft_length=4,
-                       total_tokens=16, max_beam_width=4)
+                       total_tokens=16, beam_width=4)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from conftest import write_random_head
 from eagle_trt.cli.app import app
 
 RUNNER = CliRunner()
-CFG = dict(name="tiny", dtype="float32", max_input_len=512, max_output_len=256, draft_length=4, total_tokens=16, max_beam_width=4)
+CFG = dict(name="tiny", dtype="float32", max_input_len=512, max_output_len=256, draft_length=4, total_tokens=16, beam_width=4)
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +82,8 @@ def _touch(path: Path) -> Path:
          "--backend: backend: Input should be 'torch' or 'trtllm' (got 'vllm')"),
         (lambda tmp, ck: ["-c", str(config(tmp)), "--checkpoint", str(ck), "--backend", "trtllm"],
          "dtype float32 is not supported by backend trtllm (use float16 or bfloat16)"),
-        (lambda tmp, ck: ["-c", str(config(tmp, dtype="float16", total_tokens=32, max_beam_width=4, draft_length=4)),
-                          "--checkpoint", str(ck), "--backend", "trtllm"], "total_tokens (32) exceeds max_beam_width x draft_length"),
+        (lambda tmp, ck: ["-c", str(config(tmp, dtype="float16", total_tokens=32, beam_width=4, draft_length=4)),
+                          "--checkpoint", str(ck), "--backend", "trtllm"], "total_tokens (32) exceeds beam_width x draft_length"),
         (lambda tmp, ck: ["-c", str(config(tmp, max_input_len=4096)), "--checkpoint", str(ck)],
          "exceeds max_position_embeddings (1024)"),
         (lambda tmp, ck: ["-c", str(config(tmp)), "--checkpoint", str(_touch(tmp / "model.gguf"))],
@@ -118,9 +118,9 @@ def test_missing_dependency_exits_3(tmp_path, ckpt, monkeypatch):
 
 def cpu_without_gpu(monkeypatch, fast_bf16: bool) -> None:
     """A CPU-only machine whose bf16 engine is fast (compiled kernels or hardware bf16) or emulated."""
-    import eagle_trt.models.gemm as gemm
+    import eagle_trt.models.backend as backend
 
-    monkeypatch.setattr(gemm, "cpu_has_native_bf16", lambda: fast_bf16)
+    monkeypatch.setattr(backend, "cpu_has_native_bf16", lambda: fast_bf16)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
 

@@ -63,7 +63,7 @@ def job_env(tiny_model_dir, tmp_path_factory) -> tuple[Path, dict]:
     work = tmp_path_factory.mktemp("ci")
     (work / "eagle_config.yaml").write_text(
         "name: ci-tiny\nbackend: trtllm\ndtype: bfloat16\nmax_input_len: 256\nmax_output_len: 128\n"
-        "draft_length: 4\ntotal_tokens: 12\nmax_beam_width: 3\nlookup_tokens: 0\n")
+        "draft_length: 4\ntotal_tokens: 12\nbeam_width: 3\nlookup_tokens: 0\n")
     env = {**GITHUB["env"], "MODEL": str(tiny_model_dir), "CONVERT_ARGS": "--no-validate"}
     return work, env
 

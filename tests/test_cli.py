@@ -76,8 +76,8 @@ def test_run_prompt_lookup_options(engine):
     (["--prompt", "x" * 100, "--no-chat"], "Error: the prompt has 100 tokens, more than max_input_len 64"),
     (["--prompt", "hi", "--max-new-tokens", "500"], "Error: --max-new-tokens 500 exceeds the engine's max_output_len 128"),
     (["--prompt", "hi", "--mode", "fast"], "Error: --mode must be 'eagle' or 'ar', got 'fast'"),
-    (["--prompt", "hi", "--tree", "bushy"], "Error: --tree must be dynamic, static or chain, got 'bushy'"),
-    (["--prompt", "hi", "--beam-width", "0"], "Error: --beam-width must be >= 1, got 0"),
+    (["--prompt", "hi", "--tree", "bushy"], "Error: --tree must be 'dynamic', 'static' or 'chain', got 'bushy'"),
+    (["--prompt", "hi", "--beam-width", "0"], "Error: --beam-width must be in [1, 64], got 0"),
 ])
 def test_run_bad_input_is_one_line_exit_2(engine, args, message):
     r = cli.invoke(app, ["run", "--engine", str(engine), *args])
@@ -110,7 +110,7 @@ def test_config_show_lists_every_field():
     assert r.exit_code == 0
     fields = {row["field"] for row in json.loads(r.stdout)}
     for name in ("draft_length", "confidence_threshold", "eagle_architecture.hidden_size", "total_tokens",
-                 "max_beam_width", "kv_cache_dtype", "backend", "max_input_len"):
+                 "beam_width", "kv_cache_dtype", "backend", "max_input_len"):
         assert name in fields
     assert all(row["description"] for row in json.loads(r.stdout))
 

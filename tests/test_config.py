@@ -47,13 +47,18 @@ def test_template_only_yaml_gets_defaults(tmp_path):
     assert cfg.eagle_architecture.hidden_size == 576
     assert cfg.eagle_architecture.num_attention_heads == 9
     assert (cfg.name, cfg.backend, cfg.dtype, cfg.kv_cache_dtype) == ("smollm2-135m-eagle3", "torch", "auto", "auto")
-    assert (cfg.draft_length, cfg.total_tokens, cfg.max_beam_width, cfg.tree) == (6, 32, 8, "dynamic")
+    assert (cfg.draft_length, cfg.total_tokens, cfg.beam_width, cfg.tree) == (6, 32, 8, "dynamic")
+
     assert cfg.checkpoint_dir is None and cfg.static_tree is None
     # build settles dtype auto by what this machine runs fast; the KV cache follows it
     assert [cfg.with_dtype(lambda f=fast: f).resolved_kv_cache_dtype for fast in (True, False)] == ["bfloat16", "float32"]
     trt = cfg.model_copy(update={"backend": "trtllm"})
     assert trt.with_dtype(lambda: pytest.fail("asked for TensorRT-LLM")).dtype == "bfloat16"
     assert cfg.model_copy(update={"dtype": "float32"}).with_dtype(lambda: True).dtype == "float32"
+
+
+def test_the_old_name_of_beam_width_still_reads(tmp_path):
+    assert load_config(write(tmp_path, "max_beam_width: 4\ntotal_tokens: 16\n")).beam_width == 4
 
 
 def test_shipped_config_is_smollm2():
@@ -70,11 +75,10 @@ def test_empty_file_is_all_defaults(tmp_path):
 
 def test_unknown_key(tmp_path):
     assert error_of(tmp_path, "draft_lenght: 4\n") == (
-        "cfg.yaml: draft_lenght: unknown field; valid fields: name, checkpoint_dir, backend, trtllm_version, dtype, "
-        "kv_cache_dtype, draft, eagle_architecture, draft_length, confidence_threshold, max_beam_width, "
-        "total_tokens, tree, static_tree, lookup_tokens, lookup_branches, datastore_branches, max_verify_rows, "
-        "adaptive_lookup, max_batch_size, "
-        "max_input_len, max_output_len"
+        "cfg.yaml: draft_lenght: unknown field; valid fields: tree, draft_length, beam_width, total_tokens, "
+        "confidence_threshold, static_tree, lookup_tokens, lookup_branches, datastore_branches, max_verify_rows, "
+        "adaptive_lookup, name, checkpoint_dir, backend, trtllm_version, dtype, kv_cache_dtype, draft, "
+        "eagle_architecture, max_batch_size, max_input_len, max_output_len"
     )
 
 
@@ -98,7 +102,7 @@ def test_negative_values_one_line_each(tmp_path):
     "text, expected",
     [
         ("draft_length: 6\ntotal_tokens: 4\n", "cfg.yaml: total_tokens (4) must be >= draft_length (6)"),
-        ("total_tokens: 8\nmax_beam_width: 10\n", "cfg.yaml: max_beam_width (10) must be <= total_tokens (8)"),
+        ("total_tokens: 8\nbeam_width: 10\n", "cfg.yaml: beam_width (10) must be <= total_tokens (8)"),
         ("static_tree: [[0]]\n", "cfg.yaml: static_tree is set but tree is 'dynamic'; set tree: static or remove static_tree"),
         ("tree: static\n", "cfg.yaml: tree is 'static' but static_tree is empty or missing"),
         ("tree: static\nstatic_tree: [[0], [1, 0]]\n", "cfg.yaml: static_tree[1] [1, 0] needs its prefix [1] in static_tree"),

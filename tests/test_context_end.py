@@ -8,7 +8,8 @@ import pytest
 from eagle_trt.errors import InputError
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.llama import LlamaTarget
-from eagle_trt.runtime.runner import DecodeOptions, Runner
+from eagle_trt.config.decode import DecodeConfig
+from eagle_trt.runtime.runner import Runner
 
 P = 48
 # The second prompt repeats itself, so prompt lookup finds long copies right up to the end.
@@ -38,8 +39,8 @@ def runner(tmp_path_factory):
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["plain", "repetitive"])
 def test_greedy_to_the_last_position_equals_ar(runner, prompt, tree, fallback_after):
     n = P - len(prompt)
-    ar = runner.generate(prompt, DecodeOptions(max_new_tokens=n, mode="ar", eos_token_ids=[])).token_ids
-    res = runner.generate(prompt, DecodeOptions(max_new_tokens=n, eos_token_ids=[], fallback_after=fallback_after,
+    ar = runner.generate(prompt, DecodeConfig(max_new_tokens=n, mode="ar", eos_token_ids=[])).token_ids
+    res = runner.generate(prompt, DecodeConfig(max_new_tokens=n, eos_token_ids=[], fallback_after=fallback_after,
                                                 **tree))
     assert res.token_ids == ar and len(ar) == n
     assert res.metrics.stop_reason == "length"
@@ -50,7 +51,7 @@ def test_sampling_to_the_last_position(runner, tree):
     prompt = PROMPTS[1]
     n = P - len(prompt)
     for seed in range(3):
-        res = runner.generate(prompt, DecodeOptions(max_new_tokens=n, eos_token_ids=[], temperature=0.8, seed=seed,
+        res = runner.generate(prompt, DecodeConfig(max_new_tokens=n, eos_token_ids=[], temperature=0.8, seed=seed,
                                                     **tree))
         assert len(res.token_ids) == n and res.metrics.stop_reason == "length"
 
@@ -58,7 +59,7 @@ def test_sampling_to_the_last_position(runner, tree):
 def test_no_verify_rows_are_spent_past_the_answer(runner):
     """The last steps draft no deeper than the tokens still to emit."""
     prompt = PROMPTS[1]
-    res = runner.generate(prompt, DecodeOptions(max_new_tokens=12, eos_token_ids=[], tree="chain", draft_length=6,
+    res = runner.generate(prompt, DecodeConfig(max_new_tokens=12, eos_token_ids=[], tree="chain", draft_length=6,
                                                 fallback_after=0))
     emitted = 1  # the prefill's token
     for step in res.metrics.steps:
@@ -68,6 +69,6 @@ def test_no_verify_rows_are_spent_past_the_answer(runner):
 
 def test_a_request_longer_than_the_context_is_refused(runner):
     with pytest.raises(InputError, match="context of 48 positions"):
-        runner.generate(PROMPTS[0], DecodeOptions(max_new_tokens=P - len(PROMPTS[0]) + 1))
+        runner.generate(PROMPTS[0], DecodeConfig(max_new_tokens=P - len(PROMPTS[0]) + 1))
     with pytest.raises(InputError, match="context of 48 positions"):
-        runner.generate(PROMPTS[0], DecodeOptions(max_new_tokens=P, mode="ar"))
+        runner.generate(PROMPTS[0], DecodeConfig(max_new_tokens=P, mode="ar"))

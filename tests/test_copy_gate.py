@@ -5,7 +5,8 @@ import pytest
 
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.llama import LlamaTarget
-from eagle_trt.runtime.runner import DecodeOptions, Runner
+from eagle_trt.config.decode import DecodeConfig
+from eagle_trt.runtime.runner import Runner
 from eagle_trt.speculative.copy_gate import PRIOR_HITS, PRIOR_MISSES, CopyGate, RowPrice
 
 PRIOR = PRIOR_HITS / (PRIOR_HITS + PRIOR_MISSES)
@@ -92,10 +93,10 @@ def test_greedy_stays_lossless_and_copies_follow_the_price(runner, monkeypatch, 
     prompt = [5, 6, 7, 8, 9] * 3
     tree = dict(tree="dynamic", beam_width=2, draft_length=2, total_tokens=3, lookup_tokens=6, lookup_branches=2,
                 max_new_tokens=60, eos_token_ids=[])
-    ar = runner.generate(prompt, DecodeOptions(mode="ar", max_new_tokens=60, eos_token_ids=[])).token_ids
-    plain = runner.generate(prompt, DecodeOptions(**tree))
+    ar = runner.generate(prompt, DecodeConfig(mode="ar", max_new_tokens=60, eos_token_ids=[])).token_ids
+    plain = runner.generate(prompt, DecodeConfig(**tree))
     monkeypatch.setattr(runner, "row_price", FixedPrice(row_ms))
-    gated = runner.generate(prompt, DecodeOptions(adaptive_lookup=True, **tree))
+    gated = runner.generate(prompt, DecodeConfig(adaptive_lookup=True, **tree))
     assert gated.token_ids == plain.token_ids == ar
     sizes = [st.lookup_size for st in gated.metrics.steps]
     plain_sizes = [st.lookup_size for st in plain.metrics.steps]
@@ -113,13 +114,13 @@ def test_sampling_keeps_its_copies_as_configured(runner, monkeypatch):
     monkeypatch.setattr(copy_gate.CopyGate, "cut", lambda *a, **k: pytest.fail("the gate ran at T > 0"))
     opts = dict(tree="dynamic", beam_width=2, draft_length=2, total_tokens=3, lookup_tokens=6, max_new_tokens=30,
                 eos_token_ids=[], temperature=0.01, seed=3, adaptive_lookup=True)
-    a = runner.generate([5, 6, 7, 8, 9] * 3, DecodeOptions(**opts))
-    b = runner.generate([5, 6, 7, 8, 9] * 3, DecodeOptions(**opts))
+    a = runner.generate([5, 6, 7, 8, 9] * 3, DecodeConfig(**opts))
+    b = runner.generate([5, 6, 7, 8, 9] * 3, DecodeConfig(**opts))
     assert a.token_ids == b.token_ids and a.metrics.to_dict()["lookup_tokens_verified"] > 0
 
 
-def test_on_from_an_engine_config_off_for_a_bare_runner():
+def test_one_default_for_an_engine_and_a_bare_runner():
     from eagle_trt.config.schema import EagleConfig
 
-    assert EagleConfig(name="x").adaptive_lookup is True  # `run` gets it from here (tests/test_cli.py)
-    assert DecodeOptions().adaptive_lookup is False
+    for name in ("adaptive_lookup", "lookup_tokens", "lookup_branches", "datastore_branches", "beam_width"):
+        assert getattr(EagleConfig(name="x"), name) == getattr(DecodeConfig(), name), name

@@ -9,7 +9,8 @@ from eagle_trt.engine.datastore_file import DATASTORE_NAME, check_datastore, rea
 from eagle_trt.errors import CheckpointError
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.llama import LlamaTarget
-from eagle_trt.runtime.runner import DecodeOptions, Runner
+from eagle_trt.config.decode import DecodeConfig
+from eagle_trt.runtime.runner import Runner
 from eagle_trt.speculative.datastore import Datastore
 from lossless_support import assert_lossless
 
@@ -76,13 +77,13 @@ def runner(tiny_model_dir, tiny_head_dir):
                                   dict(tree="chain", draft_length=2)], ids=["dynamic", "chain"])
 def test_greedy_with_a_datastore_equals_ar_and_uses_it(runner, tree):
     prompt, other = [100, 20, 30, 40], [3, 1, 4, 1, 5]
-    ar = runner.generate(prompt, DecodeOptions(max_new_tokens=40, mode="ar", eos_token_ids=[])).token_ids
+    ar = runner.generate(prompt, DecodeConfig(max_new_tokens=40, mode="ar", eos_token_ids=[])).token_ids
     # A datastore that saw this continuation once (and an unrelated text): its copies should be accepted.
     runner.datastore = store_of([other + [7, 7, 7], prompt + ar])
     try:
         opts = dict(max_new_tokens=40, eos_token_ids=[], lookup_tokens=6, lookup_branches=1, **tree)
-        with_store = runner.generate(prompt, DecodeOptions(datastore_branches=1, **opts))
-        context_only = runner.generate(prompt, DecodeOptions(datastore_branches=0, **opts))
+        with_store = runner.generate(prompt, DecodeConfig(datastore_branches=1, **opts))
+        context_only = runner.generate(prompt, DecodeConfig(datastore_branches=0, **opts))
     finally:
         runner.datastore = None
     assert_lossless(runner, prompt, with_store.token_ids, ar)
@@ -97,8 +98,8 @@ def test_greedy_with_a_datastore_equals_ar_and_uses_it(runner, tree):
 
 
 def test_datastore_branches_reserve_cache_room():
-    assert (DecodeOptions(lookup_tokens=8, lookup_branches=2, datastore_branches=1).tree_capacity()
-            == DecodeOptions(lookup_tokens=8, lookup_branches=2).tree_capacity() + 8)
+    assert (DecodeConfig(lookup_tokens=8, lookup_branches=2, datastore_branches=1).tree_capacity()
+            == DecodeConfig(lookup_tokens=8, lookup_branches=2, datastore_branches=0).tree_capacity() + 8)
 
 
 def test_build_ships_the_heads_datastore_and_the_session_loads_it(tiny_checkpoint, tmp_path):
@@ -116,7 +117,7 @@ def test_build_ships_the_heads_datastore_and_the_session_loads_it(tiny_checkpoin
     assert f"draft/{DATASTORE_NAME}" in manifest["files"]
     session = Session.open(engine)
     assert session.runner.datastore is not None and len(session.runner.datastore) == 7
-    assert session.decode_options().datastore_branches == 1  # the config default
+    assert session.decode_config().datastore_branches == 1  # the config default
     # A datastore for another vocabulary is refused at build time, naming the file.
     from eagle_trt.config.schema import EagleConfig
     from eagle_trt.engine.checkpoint import inspect_checkpoint

@@ -16,7 +16,8 @@ from safetensors.torch import load_file, save_file
 from eagle_trt.errors import InputError
 from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.runtime.model_drafter import DraftModel, ModelDrafter
-from eagle_trt.runtime.runner import DecodeOptions, Runner
+from eagle_trt.config.decode import DecodeConfig
+from eagle_trt.runtime.runner import Runner
 from lossless_support import assert_lossless
 
 PROMPTS = [[5, 6, 7, 8, 9], [100, 20, 30], [256, 72, 101, 108, 108, 111]]
@@ -84,7 +85,7 @@ def hf_greedy(model, prompt, n, eos=None):
 
 
 def ar(runner, prompt, n, eos=()):
-    return runner.generate(prompt, DecodeOptions(max_new_tokens=n, mode="ar", eos_token_ids=list(eos))).token_ids
+    return runner.generate(prompt, DecodeConfig(max_new_tokens=n, mode="ar", eos_token_ids=list(eos))).token_ids
 
 
 @pytest.mark.parametrize("draft", ["same", "noisy", "small"])
@@ -95,14 +96,15 @@ def test_draft_model_equals_ar_and_hf(runners, hf_model, draft, tree):
         reference = hf_greedy(hf_model, prompt, 40)
         assert ar(runner, prompt, 40) == reference
         for n in (1, 7, 40):
-            res = runner.generate(prompt, DecodeOptions(max_new_tokens=n, eos_token_ids=[], **tree))
+            res = runner.generate(prompt, DecodeConfig(max_new_tokens=n, eos_token_ids=[], **tree))
             assert res.token_ids == reference[:n], (prompt, n)
             assert res.metrics.stop_reason == "length" and res.metrics.mode == "eagle"
 
 
 def test_acceptance_follows_the_draft(runners):
     """The target's own weights as draft: every draft token is accepted; an unrelated model: few are."""
-    opts = DecodeOptions(max_new_tokens=40, eos_token_ids=[], tree="chain", draft_length=4, fallback_after=0)
+    opts = DecodeConfig(max_new_tokens=40, eos_token_ids=[], tree="chain", draft_length=4, fallback_after=0,
+                        lookup_tokens=0)  # the draft alone: no copies
     same = runners["same"].generate(PROMPTS[0], opts).metrics
     assert same.acceptance_length > 4.5 and same.rejections == 0  # 4 drafts + the bonus, bar the cut at the end
     noisy = runners["noisy"].generate(PROMPTS[0], opts).metrics
@@ -118,7 +120,7 @@ def test_eos_inside_an_accepted_path(runners, hf_model, tree):
         for cut in (3, 9, 17):
             eos = full[cut]
             expected = hf_greedy(hf_model, prompt, 40, eos=eos)
-            res = runner.generate(prompt, DecodeOptions(max_new_tokens=40, eos_token_ids=[eos], **tree))
+            res = runner.generate(prompt, DecodeConfig(max_new_tokens=40, eos_token_ids=[eos], **tree))
             plain = ar(runner, prompt, 40, [eos])
             assert_lossless(runner, prompt, res.token_ids, plain)
             assert plain == expected
@@ -131,7 +133,7 @@ def test_max_new_tokens_inside_an_accepted_path(runners):
     prompt = PROMPTS[1]
     full = ar(runner, prompt, 40)
     for n in range(1, 13):  # every cut position of a 5-token chain, twice over
-        res = runner.generate(prompt, DecodeOptions(max_new_tokens=n, eos_token_ids=[], tree="chain", draft_length=5))
+        res = runner.generate(prompt, DecodeConfig(max_new_tokens=n, eos_token_ids=[], tree="chain", draft_length=5))
         assert res.token_ids == full[:n] and res.metrics.stop_reason == "length"
         assert res.metrics.generated_tokens == n
 
@@ -140,7 +142,7 @@ def test_fallback_catches_the_draft_up(runners):
     """After repeated misses the loop decodes plainly; the draft model is then fed those tokens and drafts on."""
     runner = runners["small"]
     for prompt in PROMPTS:
-        res = runner.generate(prompt, DecodeOptions(max_new_tokens=48, eos_token_ids=[], tree="chain", draft_length=3,
+        res = runner.generate(prompt, DecodeConfig(max_new_tokens=48, eos_token_ids=[], tree="chain", draft_length=3,
                                                     fallback_after=1, fallback_tokens=4))
         assert_lossless(runner, prompt, res.token_ids, ar(runner, prompt, 48))
     assert res.metrics.fallbacks > 0
@@ -175,12 +177,12 @@ def test_draft_with_a_shorter_context_caps_the_runner(tmp_path):
     assert runner.max_positions == 40
     prompt = [5, 6, 7, 8, 9]
     n = 40 - len(prompt)  # right up to the draft's last position
-    res = runner.generate(prompt, DecodeOptions(max_new_tokens=n, eos_token_ids=[], tree="dynamic", beam_width=4,
+    res = runner.generate(prompt, DecodeConfig(max_new_tokens=n, eos_token_ids=[], tree="dynamic", beam_width=4,
                                                 draft_length=6, total_tokens=16))
     assert_lossless(runner, prompt, res.token_ids, ar(runner, prompt, n))
     assert len(res.token_ids) == n
     with pytest.raises(InputError, match="context of 40 positions"):
-        runner.generate(prompt, DecodeOptions(max_new_tokens=n + 1, eos_token_ids=[]))
+        runner.generate(prompt, DecodeConfig(max_new_tokens=n + 1, eos_token_ids=[]))
 
 
 def test_vocabularies_padded_to_different_sizes(tmp_path):
@@ -193,7 +195,7 @@ def test_vocabularies_padded_to_different_sizes(tmp_path):
     assert cfg["vocab_size"] == 300
     runner = model_runner(target, draft)
     for prompt in PROMPTS:
-        res = runner.generate(prompt, DecodeOptions(max_new_tokens=30, eos_token_ids=[], tree="dynamic",
+        res = runner.generate(prompt, DecodeConfig(max_new_tokens=30, eos_token_ids=[], tree="dynamic",
                                                     beam_width=4, draft_length=4, total_tokens=12))
         assert_lossless(runner, prompt, res.token_ids, ar(runner, prompt, 30))
 
@@ -210,7 +212,7 @@ def test_greedy_to_the_last_position_equals_ar(tmp_path_factory, tree, fallback_
     runner = model_runner(LlamaTarget.load(target_dir), noisy_copy(target_dir, root / "d", 0.05), capacity=4 * 48)
     for prompt in ([5, 6, 7, 8, 9], [40, 41, 42, 43, 40, 41, 42, 43, 40, 41, 42]):
         n = 48 - len(prompt)
-        res = runner.generate(prompt, DecodeOptions(max_new_tokens=n, eos_token_ids=[], fallback_after=fallback_after,
+        res = runner.generate(prompt, DecodeConfig(max_new_tokens=n, eos_token_ids=[], fallback_after=fallback_after,
                                                     **tree))
         assert_lossless(runner, prompt, res.token_ids, ar(runner, prompt, n))
         assert len(res.token_ids) == n

@@ -19,6 +19,7 @@ from eagle_trt.cli.app import app
 from eagle_trt.config import EagleConfig
 from eagle_trt.engine import build_engine, read_manifest
 from eagle_trt.engine import trtllm_backend, trtllm_bundle
+from eagle_trt.runtime import trtllm_runner
 from eagle_trt.engine.trtllm_lines import LINES
 from test_draft_model import noisy_copy
 from trtllm_fakes import CONTRACTS, VERSIONS, FakeLLM, contract_violations, fake_modules, line_fields
@@ -43,7 +44,7 @@ def ckpt(pair, tmp_path_factory) -> Path:
 def config_file(tmp_path: Path, ckpt: Path, extra: str = "") -> Path:
     path = tmp_path / "cfg.yaml"
     path.write_text(f"name: tiny-dm\ncheckpoint_dir: {ckpt}\nmax_input_len: 64\nmax_output_len: 128\n"
-                    f"draft_length: 4\nmax_beam_width: 4\ntotal_tokens: 12\n{extra}")
+                    f"draft_length: 4\nbeam_width: 4\ntotal_tokens: 12\n{extra}")
     return path
 
 
@@ -193,7 +194,7 @@ def test_tune_covers_the_draft_model_tree(engine, tmp_path):
 
 def trt_cfg(ckpt, **changes) -> EagleConfig:
     base = dict(name="tiny-dm", backend="trtllm", dtype="bfloat16", max_input_len=512, max_output_len=256,
-                draft_length=4, total_tokens=16, max_beam_width=4, lookup_tokens=0)  # fmt: skip
+                draft_length=4, total_tokens=16, beam_width=4, lookup_tokens=0)  # fmt: skip
     return EagleConfig(**{**base, **changes})
 
 
@@ -263,7 +264,7 @@ def test_run_time_options_of_a_draft_target_bundle_stay_in_the_line(ckpt, tmp_pa
         root = tmp_path / line.replace("+", "")
         root.mkdir()
         (root / "trtllm.json").write_text(json.dumps(trtllm_bundle.bundle_meta(cfg, options)))
-        runner = trtllm_backend.TrtllmRunner(root, options)
+        runner = trtllm_runner.TrtllmRunner(root, options)
         opts = types.SimpleNamespace(mode="eagle", tree="dynamic", draft_length=5, beam_width=4, total_tokens=12,
                                      static_tree=None, temperature=0.7, posterior_threshold=None)
         spec = runner._options_for(opts)[0]["speculative_config"]

@@ -111,13 +111,13 @@ def runner(tmp_path_factory):
 @pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9, top_k=8)],
                          ids=["T1", "T0.7-p0.9-k8"])
 def test_two_token_sequences_match_target(runner, tree_opts, sampling):
-    from eagle_trt.runtime.runner import DecodeOptions
+    from eagle_trt.config.decode import DecodeConfig
 
     prompt = [5, 6, 7, 5, 6]  # [5, 6] occurred before: with lookup on, the copy [7, 5, 6] is grafted too
     exact = _exact_pairs(runner, prompt, SamplingParams(**sampling))
     n, counts, accepted, rejected = 1500, {}, 0, 0
     for seed in range(n):
-        res = runner.generate(prompt, DecodeOptions(max_new_tokens=2, eos_token_ids=[], seed=seed, fallback_after=0,
+        res = runner.generate(prompt, DecodeConfig(max_new_tokens=2, eos_token_ids=[], seed=seed, fallback_after=0,
                                                     **sampling, **tree_opts))
         key = tuple(res.token_ids)
         counts[key] = counts.get(key, 0) + 1

@@ -15,7 +15,8 @@ from eagle_trt.models.native.backend import NativeBackend
 from eagle_trt.models.reference import TorchBackend
 from eagle_trt.models.spec import TargetSpec
 from eagle_trt.models.weights import load_safetensors, read_json
-from eagle_trt.runtime.runner import DecodeOptions, Runner
+from eagle_trt.config.decode import DecodeConfig
+from eagle_trt.runtime.runner import Runner
 from native_support import builds
 
 needs_prepack = pytest.mark.skipif(not prepack_enabled(), reason="this torch build has no oneDNN prepacking")
@@ -118,12 +119,12 @@ def test_eagle_equals_ar(tiny_model_dir, tiny_head_dir, dtype, seed):
     runner = Runner(target, Eagle3DraftHead.load(tiny_head_dir, target, dt), capacity=256)
     real = runner.drafter
     for prompt in ([5, 6, 7, 8, 9], [100, 20, 30]):
-        ar = runner.generate(prompt, DecodeOptions(max_new_tokens=48, mode="ar", eos_token_ids=[])).token_ids
+        ar = runner.generate(prompt, DecodeConfig(max_new_tokens=48, mode="ar", eos_token_ids=[])).token_ids
         tree = dict(tree="dynamic", beam_width=4, draft_length=5, total_tokens=16)
-        assert runner.generate(prompt, DecodeOptions(max_new_tokens=48, eos_token_ids=[], **tree)).token_ids == ar
+        assert runner.generate(prompt, DecodeConfig(max_new_tokens=48, eos_token_ids=[], **tree)).token_ids == ar
         runner.drafter = OracleDrafter(real, len(prompt), ar, seed)
         try:
-            res = runner.generate(prompt, DecodeOptions(max_new_tokens=48, eos_token_ids=[], **tree))
+            res = runner.generate(prompt, DecodeConfig(max_new_tokens=48, eos_token_ids=[], **tree))
         finally:
             runner.drafter = real
         assert res.token_ids == ar

@@ -40,7 +40,7 @@ def one_line_exit_2(r, starts: str):
     (["--threads", "1000"], "Error: --threads must be in [1, "),
     (["--top-p", "nan"], "Error: --top-p must be in (0, 1], got nan"),
     (["--confidence-threshold", "nan"], "Error: --confidence-threshold must be in [0, 1), got nan"),
-    (["--total-tokens", "100000"], "Error: the tree options need up to"),
+    (["--total-tokens", "100000"], "Error: --total-tokens must be in [1, 512], got 100000"),
 ])
 def test_bad_run_options(engine, args, starts):
     one_line_exit_2(cli.invoke(app, ["run", "--engine", str(engine), "--prompt", "hi", *args]), starts)

@@ -26,7 +26,7 @@ def engines(tiny_checkpoint, tmp_path_factory):
             cfg = root / f"{dtype}-{kv}.yaml"
             cfg.write_text(yaml.safe_dump(dict(name="tiny", checkpoint_dir=str(tiny_checkpoint), dtype=dtype,
                                                kv_cache_dtype=kv, max_input_len=64, max_output_len=64,
-                                               draft_length=4, total_tokens=12, max_beam_width=4)))
+                                               draft_length=4, total_tokens=12, beam_width=4)))
             r = cli.invoke(app, ["build", "--config", str(cfg), "--output", str(root / f"{dtype}-{kv}")])
             assert r.exit_code == 0, r.output
             out[dtype, kv] = root / f"{dtype}-{kv}"

@@ -5,8 +5,9 @@ import torch
 
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.llama import LlamaTarget
-from eagle_trt.runtime.copies import with_lookup
-from eagle_trt.runtime.runner import DecodeOptions, Runner
+from eagle_trt.runtime.proposers import CONTEXT, DATASTORE, DRAFTER, grafted
+from eagle_trt.config.decode import DecodeConfig
+from eagle_trt.runtime.runner import Runner
 from eagle_trt.speculative.lookup import NgramIndex, copy_budget, graft, trie_size, within_rows
 from eagle_trt.speculative.tree import tree_from_parents
 from lossless_support import assert_lossless
@@ -63,18 +64,20 @@ def test_graft_shares_prefixes_and_keeps_children_distinct():
         assert len(kids) == len(set(kids))
 
 
-def test_with_lookup_builds_a_valid_tree():
+def test_grafting_copies_builds_a_valid_tree_with_a_span_per_source():
     tree = tree_from_parents(torch.tensor([10, 11, 12]), torch.tensor([-1, 0, 0]))
     for chains in ([], [[11]]):  # nothing new: the same tree object, not a rebuilt one
-        same, boundary = with_lookup(tree, chains)
-        assert same is tree and boundary == 3
-    grown, boundary = with_lookup(tree, [[11, 30, 31]])
-    assert boundary == 5
+        same = grafted(tree, chains)
+        assert same.tree() is tree and same.span(CONTEXT).size == 0 and same.span(DRAFTER).stop == 3
+    grown = grafted(tree, [[11, 30, 31]]).tree()
     assert grown.tokens.tolist() == [10, 11, 12, 30, 31] and grown.depths.tolist() == [0, 1, 1, 2, 3]
     assert grown.mask[4].tolist() == [True, True, False, True, True]  # node 31 sees root, 11, 30, itself
-    # A second group (the datastore's) comes after the first: the boundary counts the first's nodes only.
-    both, boundary = with_lookup(tree, [[11, 30]], [[11, 30, 40], [50]])
-    assert boundary == 4 and both.tokens.tolist() == [10, 11, 12, 30, 40, 50] and both.parents.tolist()[4:] == [3, 0]
+    # The datastore's copies come after the context's: each source owns one span of node indices.
+    both = grafted(tree, [[11, 30]], [[11, 30, 40], [50]])
+    assert both.tree().tokens.tolist() == [10, 11, 12, 30, 40, 50] and both.parents[4:] == [3, 0]
+    assert (both.span(CONTEXT).start, both.span(CONTEXT).stop, both.span(DATASTORE).stop) == (3, 4, 6)
+    path = torch.tensor([0, 1, 3, 4])  # root -> 11 (drafted) -> 30 (context) -> 40 (datastore)
+    assert [both.accepted_from(path, s) for s in (DRAFTER, CONTEXT, DATASTORE)] == [1, 1, 1]
 
 
 def test_within_rows_cuts_copies_to_the_budget_in_priority_order():
@@ -106,14 +109,14 @@ def runner(tiny_model_dir, tiny_head_dir):
                          ids=["dynamic", "dynamic-3-branches", "chain", "static"])
 @pytest.mark.parametrize("prompt", [[5, 6, 7, 8, 9] * 3, [100, 20, 30, 40]])
 def test_greedy_with_lookup_equals_ar_and_uses_the_copies(runner, prompt, tree):
-    ar = runner.generate(prompt, DecodeOptions(max_new_tokens=60, mode="ar", eos_token_ids=[])).token_ids
-    res = runner.generate(prompt, DecodeOptions(max_new_tokens=60, eos_token_ids=[], lookup_tokens=6, **tree))
+    ar = runner.generate(prompt, DecodeConfig(max_new_tokens=60, mode="ar", eos_token_ids=[])).token_ids
+    res = runner.generate(prompt, DecodeConfig(max_new_tokens=60, eos_token_ids=[], lookup_tokens=6, **tree))
     assert_lossless(runner, prompt, res.token_ids, ar)
     m = res.metrics.to_dict()
     assert m["lookup_tokens_verified"] > 0
     # A random tiny model falls into loops, which the lookup branch predicts; the untrained head does not.
     assert m["lookup_tokens_accepted"] > 0
-    off = runner.generate(prompt, DecodeOptions(max_new_tokens=60, eos_token_ids=[], **{**tree, "lookup_tokens": 0}))
+    off = runner.generate(prompt, DecodeConfig(max_new_tokens=60, eos_token_ids=[], **{**tree, "lookup_tokens": 0}))
     assert off.metrics.to_dict()["lookup_tokens_verified"] == 0
     assert res.metrics.acceptance_length > off.metrics.acceptance_length
 
@@ -123,16 +126,16 @@ def test_max_verify_rows_caps_the_copies_and_stays_lossless(runner, cap):
     prompt = [5, 6, 7, 8, 9] * 3
     tree = dict(tree="dynamic", beam_width=2, draft_length=2, total_tokens=4, lookup_tokens=6, lookup_branches=3,
                 max_new_tokens=60, eos_token_ids=[])
-    ar = runner.generate(prompt, DecodeOptions(mode="ar", max_new_tokens=60, eos_token_ids=[])).token_ids
-    free = runner.generate(prompt, DecodeOptions(**tree))
-    capped = runner.generate(prompt, DecodeOptions(max_verify_rows=cap, **tree))
+    ar = runner.generate(prompt, DecodeConfig(mode="ar", max_new_tokens=60, eos_token_ids=[])).token_ids
+    free = runner.generate(prompt, DecodeConfig(**tree))
+    capped = runner.generate(prompt, DecodeConfig(max_verify_rows=cap, **tree))
     assert_lossless(runner, prompt, free.token_ids, ar)
     assert_lossless(runner, prompt, capped.token_ids, ar)
     assert max(st.tree_size + 1 for st in free.metrics.steps) > cap  # the cap binds somewhere
     assert all(st.tree_size + 1 <= cap for st in capped.metrics.steps)
     assert capped.metrics.to_dict()["lookup_tokens_accepted"] > 0
     # A head tree alone over the cap gets no copies at all (the tree itself is never cut).
-    none = runner.generate(prompt, DecodeOptions(max_verify_rows=3, **tree))
+    none = runner.generate(prompt, DecodeConfig(max_verify_rows=3, **tree))
     assert_lossless(runner, prompt, none.token_ids, ar)
     assert none.metrics.to_dict()["lookup_tokens_verified"] == 0
 
@@ -140,9 +143,9 @@ def test_max_verify_rows_caps_the_copies_and_stays_lossless(runner, cap):
 def test_lookup_needs_room_in_the_cache(runner):
     from eagle_trt.errors import InputError
 
-    runner.generate([5] * 400, DecodeOptions(max_new_tokens=60, lookup_tokens=0))  # fits without the branches
+    runner.generate([5] * 400, DecodeConfig(max_new_tokens=60, lookup_tokens=0))  # fits without the branches
     with pytest.raises(InputError, match="exceed the KV cache"):
-        runner.generate([5] * 400, DecodeOptions(max_new_tokens=60, lookup_tokens=8, lookup_branches=8))
+        runner.generate([5] * 400, DecodeConfig(max_new_tokens=60, lookup_tokens=8, lookup_branches=8))
 
 
 def test_prompt_lookup_is_reported_as_torch_only():
@@ -150,7 +153,7 @@ def test_prompt_lookup_is_reported_as_torch_only():
     from eagle_trt.engine.trtllm_bundle import check_trtllm_config
 
     def warnings(lookup_tokens):
-        cfg = EagleConfig(backend="trtllm", dtype="bfloat16", draft_length=4, total_tokens=16, max_beam_width=4,
+        cfg = EagleConfig(backend="trtllm", dtype="bfloat16", draft_length=4, total_tokens=16, beam_width=4,
                           lookup_tokens=lookup_tokens)
         return check_trtllm_config(cfg)
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from eagle_trt.models.reference import TorchBackend
-from eagle_trt.runtime.runner import DecodeOptions, Runner
+from eagle_trt.config.decode import DecodeConfig
+from eagle_trt.runtime.runner import Runner
 from lossless_support import assert_lossless, top_two_gap
 from test_gemm import load_target
 
@@ -15,7 +16,7 @@ PROMPT = [5, 6, 7, 8, 9]
 
 
 def plain(target, n=12):
-    return Runner(target, None, capacity=256).generate(PROMPT, DecodeOptions(max_new_tokens=n, mode="ar",
+    return Runner(target, None, capacity=256).generate(PROMPT, DecodeConfig(max_new_tokens=n, mode="ar",
                                                                             eos_token_ids=[])).token_ids
 
 

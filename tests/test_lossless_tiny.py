@@ -12,7 +12,8 @@ import torch
 
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.llama import LlamaTarget
-from eagle_trt.runtime.runner import DecodeOptions, Runner
+from eagle_trt.config.decode import DecodeConfig
+from eagle_trt.runtime.runner import Runner
 from eagle_trt.speculative.tree import tree_from_parents
 from lossless_support import assert_lossless
 
@@ -50,7 +51,7 @@ def hf_greedy(model, prompt, n, eos=None):
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_ar_equals_hf_generate(runner, hf_model, prompt):
-    ar = runner.generate(prompt, DecodeOptions(max_new_tokens=48, mode="ar", eos_token_ids=[]))
+    ar = runner.generate(prompt, DecodeConfig(max_new_tokens=48, mode="ar", eos_token_ids=[]))
     assert ar.token_ids == hf_greedy(hf_model, prompt, 48)
 
 
@@ -58,8 +59,8 @@ def test_ar_equals_hf_generate(runner, hf_model, prompt):
 @pytest.mark.parametrize("prompt", PROMPTS[:3])
 def test_eagle_equals_ar(runner, prompt, tree):
     for n in (1, 7, 40):
-        ar = runner.generate(prompt, DecodeOptions(max_new_tokens=n, mode="ar", eos_token_ids=[])).token_ids
-        res = runner.generate(prompt, DecodeOptions(max_new_tokens=n, eos_token_ids=[], **tree))
+        ar = runner.generate(prompt, DecodeConfig(max_new_tokens=n, mode="ar", eos_token_ids=[])).token_ids
+        res = runner.generate(prompt, DecodeConfig(max_new_tokens=n, eos_token_ids=[], **tree))
         assert_lossless(runner, prompt, res.token_ids, ar)
         assert len(res.token_ids) == n and res.metrics.stop_reason == "length"
 
@@ -102,18 +103,18 @@ class OracleDrafter:
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_deep_acceptance_and_eos_mid_path(runner, hf_model, prompt, seed):
-    ref = runner.generate(prompt, DecodeOptions(max_new_tokens=60, mode="ar", eos_token_ids=[])).token_ids
+    ref = runner.generate(prompt, DecodeConfig(max_new_tokens=60, mode="ar", eos_token_ids=[])).token_ids
     real = runner.drafter
     runner.drafter = OracleDrafter(real, len(prompt), ref, seed)
     try:
-        res = runner.generate(prompt, DecodeOptions(max_new_tokens=60, eos_token_ids=[]))
+        res = runner.generate(prompt, DecodeConfig(max_new_tokens=60, eos_token_ids=[]))
         assert_lossless(runner, prompt, res.token_ids, ref)
         assert res.metrics.acceptance_length > 1.5  # the planted paths were taken
         # Stop at an "EOS" that sits inside an accepted path: output ends right after it, like HF.
         eos = ref[17 + seed]
         hf = hf_greedy(hf_model, prompt, 60, eos=eos)
-        ar = runner.generate(prompt, DecodeOptions(max_new_tokens=60, mode="ar", eos_token_ids=[eos]))
-        sd = runner.generate(prompt, DecodeOptions(max_new_tokens=60, eos_token_ids=[eos]))
+        ar = runner.generate(prompt, DecodeConfig(max_new_tokens=60, mode="ar", eos_token_ids=[eos]))
+        sd = runner.generate(prompt, DecodeConfig(max_new_tokens=60, eos_token_ids=[eos]))
         assert_lossless(runner, prompt, sd.token_ids, ar.token_ids)
         assert ar.token_ids == hf
         assert sd.token_ids[-1] == eos and sd.metrics.stop_reason == "eos"
@@ -128,6 +129,6 @@ def test_reduced_draft_vocab_maps_through_d2t(tiny_model_dir, tmp_path):
     head = Eagle3DraftHead.load(write_random_head(tmp_path / "d", draft_vocab=64), target)
     assert head.draft_to_target.tolist() == [2 * i for i in range(64)]
     r = Runner(target, head, capacity=256)
-    ar = r.generate([5, 6, 7], DecodeOptions(max_new_tokens=30, mode="ar", eos_token_ids=[])).token_ids
-    res = r.generate([5, 6, 7], DecodeOptions(max_new_tokens=30, eos_token_ids=[]))
+    ar = r.generate([5, 6, 7], DecodeConfig(max_new_tokens=30, mode="ar", eos_token_ids=[])).token_ids
+    res = r.generate([5, 6, 7], DecodeConfig(max_new_tokens=30, eos_token_ids=[]))
     assert_lossless(r, [5, 6, 7], res.token_ids, ar)

@@ -13,7 +13,8 @@ import pytest
 
 from eagle_trt.models import native
 from eagle_trt.errors import InputError
-from eagle_trt.models.native import bindings, build, isa
+from eagle_trt.models import isa
+from eagle_trt.models.native import bindings, build
 
 lib = native.library()
 needs_lib = pytest.mark.skipif(lib is None, reason=f"no native kernels here: {native.unavailable()}")

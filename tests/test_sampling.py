@@ -149,7 +149,7 @@ def _exact_pairs(runner, prompt, params):
 @pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9, top_k=8)],
                          ids=["T1", "T0.7-p0.9-k8"])
 def test_two_token_sequences_match_target(small_vocab_runner, tree_opts, sampling):
-    from eagle_trt.runtime.runner import DecodeOptions
+    from eagle_trt.config.decode import DecodeConfig
 
     prompt = [1, 2, 3, 4]
     params = SamplingParams(**sampling)
@@ -157,7 +157,7 @@ def test_two_token_sequences_match_target(small_vocab_runner, tree_opts, samplin
     # Force the first token through speculation too: the head drafts, the target verifies.
     n, counts = 1500, {}
     for seed in range(n):
-        res = small_vocab_runner.generate(prompt, DecodeOptions(max_new_tokens=2, eos_token_ids=[], seed=seed,
+        res = small_vocab_runner.generate(prompt, DecodeConfig(max_new_tokens=2, eos_token_ids=[], seed=seed,
                                                                 **sampling, **tree_opts))
         key = tuple(res.token_ids)
         counts[key] = counts.get(key, 0) + 1
@@ -166,14 +166,14 @@ def test_two_token_sequences_match_target(small_vocab_runner, tree_opts, samplin
 
 def test_two_token_sequences_match_target_with_prompt_lookup(small_vocab_runner):
     """Copied tokens are point-mass proposals like the head's: sampling stays exact with them in the tree."""
-    from eagle_trt.runtime.runner import DecodeOptions
+    from eagle_trt.config.decode import DecodeConfig
 
     prompt = [5, 6, 7, 5, 6]  # the suffix [5, 6] occurred before: the lookup branch proposes [7, 5, 6]
     sampling = dict(temperature=1.0)
     exact = _exact_pairs(small_vocab_runner, prompt, SamplingParams(**sampling))
     n, counts, verified = 1500, {}, 0
     for seed in range(n):
-        res = small_vocab_runner.generate(prompt, DecodeOptions(
+        res = small_vocab_runner.generate(prompt, DecodeConfig(
             max_new_tokens=2, eos_token_ids=[], seed=seed, tree="dynamic", beam_width=2, draft_length=2,
             total_tokens=3, lookup_tokens=3, **sampling))
         key = tuple(res.token_ids)

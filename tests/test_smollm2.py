@@ -54,12 +54,12 @@ def hf_model(session):
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_eagle_equals_ar_equals_hf(session, hf_model, prompt):
     ids = session.encode(prompt, chat=True)
-    ar = session.runner.generate(ids, session.decode_options(max_new_tokens=NEW_TOKENS, mode="ar"))
+    ar = session.runner.generate(ids, session.decode_config(max_new_tokens=NEW_TOKENS, mode="ar"))
     with torch.no_grad():
         hf = hf_model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(ids):].tolist()
     assert ar.token_ids == hf
     for tree in ("dynamic", "static", "chain"):
-        res = session.runner.generate(ids, session.decode_options(max_new_tokens=NEW_TOKENS, tree=tree))
+        res = session.runner.generate(ids, session.decode_config(max_new_tokens=NEW_TOKENS, tree=tree))
         assert_lossless(session, ids, res.token_ids, ar.token_ids, tree)
 
 
@@ -92,10 +92,10 @@ def test_eagle_with_the_datastore_equals_ar(session, prompt):
     from eagle_trt.engine.datastore_file import read_datastore
 
     ids = session.encode(prompt, chat=True)
-    ar = session.runner.generate(ids, session.decode_options(max_new_tokens=NEW_TOKENS, mode="ar")).token_ids
+    ar = session.runner.generate(ids, session.decode_config(max_new_tokens=NEW_TOKENS, mode="ar")).token_ids
     session.runner.datastore = read_datastore(HEAD_DATASTORE, session.runner.target.spec.vocab_size)
     try:
-        res = session.runner.generate(ids, session.decode_options(max_new_tokens=NEW_TOKENS, lookup_tokens=8,
+        res = session.runner.generate(ids, session.decode_config(max_new_tokens=NEW_TOKENS, lookup_tokens=8,
                                                                   lookup_branches=1, datastore_branches=2,
                                                                   adaptive_lookup=False))
     finally:

@@ -44,7 +44,7 @@ def bundles(tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
     out = {}
     for line in ("1.2", "1.3+"):
         cfg = EagleConfig(name="tiny-eng", backend="trtllm", dtype="bfloat16", trtllm_version=line, max_input_len=256,
-                          max_output_len=128, draft_length=4, total_tokens=12, max_beam_width=3, lookup_tokens=0)  # fmt: skip
+                          max_output_len=128, draft_length=4, total_tokens=12, beam_width=3, lookup_tokens=0)  # fmt: skip
         out[line] = build_engine(cfg, ckpt, base / f'my "engines" & {line}' / "tiny-eng").engine_dir
     return out
 

@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 from eagle_trt.cli.app import app
 from eagle_trt.engine import build_engine, read_manifest
 from eagle_trt.engine import trtllm_backend, trtllm_bundle
+from eagle_trt.runtime import trtllm_runner
 from eagle_trt.engine.trtllm_lines import LINES
 from eagle_trt.errors import ConfigError, InputError, MissingDependencyError
 from trtllm_fakes import (AUX, CONTRACTS, SCHEMA, VERSIONS, FakeLLM, check_types, contract_violations, fake_modules,
@@ -338,7 +339,7 @@ def test_run_time_settings_stay_in_the_line(tmp_path):
         root.mkdir()
         cfg = trt_cfg(trtllm_version=line)
         (root / "trtllm.json").write_text(json.dumps(trtllm_bundle.bundle_meta(cfg, trtllm_bundle.llm_api_options(cfg, AUX))))
-        runner = trtllm_backend.TrtllmRunner(root, trtllm_bundle.llm_api_options(cfg, AUX))
+        runner = trtllm_runner.TrtllmRunner(root, trtllm_bundle.llm_api_options(cfg, AUX))
         spec = runner._options_for(run_opts(temperature=0.7))[0]["speculative_config"]
         assert set(spec) <= line_fields(line, "Eagle3DecodingConfig")
         assert ("use_dynamic_tree" in spec) is (line == "1.3+")  # 1.2 drafts a chain whatever --tree says

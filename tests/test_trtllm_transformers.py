@@ -86,7 +86,7 @@ def bundles(ckpt, tmp_path_factory) -> dict[str, Path]:
     out = {}
     for line in LINES:
         cfg = EagleConfig(name="tf", backend="trtllm", dtype="bfloat16", trtllm_version=line, max_input_len=256,
-                          max_output_len=128, draft_length=4, total_tokens=12, max_beam_width=3, lookup_tokens=0)  # fmt: skip
+                          max_output_len=128, draft_length=4, total_tokens=12, beam_width=3, lookup_tokens=0)  # fmt: skip
         out[line] = build_engine(cfg, ckpt, tmp_path_factory.mktemp("b") / "e").engine_dir
     return out
 

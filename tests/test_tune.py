@@ -63,18 +63,18 @@ def test_tune_stores_verified_defaults_that_session_and_bench_use(engine, tmp_pa
     eng = open_engine(engine, verify=True)  # the manifest lists tuned.json with its hash
     assert "tuned.json" in eng.manifest.files
     session = Session.open(engine)
-    opts = session.decode_options()
+    opts = session.decode_config()
     assert (opts.beam_width, opts.draft_length, opts.total_tokens, opts.fallback_after, opts.lookup_tokens,
             opts.lookup_branches, opts.max_verify_rows) == (
         best["beam_width"], best["draft_length"], best["total_tokens"], best["fallback_after"], best["lookup_tokens"],
         best["lookup_branches"], best["max_verify_rows"])
-    assert session.decode_options(fallback_after=5).fallback_after == 5
-    assert session.decode_options(tuned=False).total_tokens == 32
-    assert session.decode_options(total_tokens=40).total_tokens == 40  # explicit options still win
+    assert session.decode_config(fallback_after=5).fallback_after == 5
+    assert session.decode_config(tuned=False).total_tokens == 32
+    assert session.decode_config(total_tokens=40).total_tokens == 40  # explicit options still win
     # Output stays identical to AR with the tuned tree.
     ids = session.encode("Hello world")
-    ar = session.runner.generate(ids, session.decode_options(mode="ar", max_new_tokens=16)).token_ids
-    assert session.runner.generate(ids, session.decode_options(max_new_tokens=16)).token_ids == ar
+    ar = session.runner.generate(ids, session.decode_config(mode="ar", max_new_tokens=16)).token_ids
+    assert session.runner.generate(ids, session.decode_config(max_new_tokens=16)).token_ids == ar
     # The bench compares the tuned tree with the build defaults.
     out = tmp_path / "b"
     r = cli.invoke(app, ["bench", "--engine", str(engine), "--prompts", "chat", "--limit", "2", "--max-new-tokens",
@@ -148,7 +148,7 @@ def test_unlisted_tuned_json_is_ignored(engine, tmp_path):
     files = {k: v for k, v in m.files.items() if k != "tuned.json"}
     write_manifest(m.model_copy(update={"files": files}), copy)
     (copy / "tuned.json").write_text(json.dumps({"total_tokens": 3, "draft_length": 1, "beam_width": 1}))
-    assert Session.open(copy, verify=False).decode_options().total_tokens == 32
+    assert Session.open(copy, verify=False).decode_config().total_tokens == 32
 
 
 def test_step_overhead_is_what_the_model_leaves_out(tiny_checkpoint, tmp_path):
@@ -161,7 +161,7 @@ def test_step_overhead_is_what_the_model_leaves_out(tiny_checkpoint, tmp_path):
 
     session = Session.open(build_tiny_engine(tiny_checkpoint, tmp_path), verify=False)
     ids = session.encode("Hello world")
-    seq = ids + session.runner.generate(ids, session.decode_options(mode="ar", max_new_tokens=16,
+    seq = ids + session.runner.generate(ids, session.decode_config(mode="ar", max_new_tokens=16,
                                                                     tuned=False)).token_ids
     state = {"seq": seq, "prompt_len": len(ids)}
     tree = Setting(2, 2, 4)

@@ -63,12 +63,12 @@ def test_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
 
     session = Session.open(engine, verify=False)
     ids = session.encode("Hello world")
-    ar = session.runner.generate(ids, session.decode_options(mode="ar", max_new_tokens=24, tuned=False)).token_ids
+    ar = session.runner.generate(ids, session.decode_config(mode="ar", max_new_tokens=24, tuned=False)).token_ids
     drafter = session.runner.drafter
     monkeypatch.setattr(drafter, "grow_candidates", _oracle_candidates(drafter, ids + ar))
     seen = set()
     for st in (Setting(4, 3, 8), Setting(2, 4, 5), Setting(1, 2, 2)):
-        opts = session.decode_options(tree="dynamic", beam_width=st.beam_width, draft_length=st.draft_length,
+        opts = session.decode_config(tree="dynamic", beam_width=st.beam_width, draft_length=st.draft_length,
                                       total_tokens=st.total_tokens, max_new_tokens=24, fallback_after=0,
                                       lookup_tokens=0, tuned=False)
         res = session.runner.generate(ids, opts)
@@ -98,7 +98,7 @@ def test_lookup_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
     session = Session.open(engine, verify=False)
     runner = session.runner
     ids = session.encode("Hello world, hello world")
-    ar = runner.generate(ids, session.decode_options(mode="ar", max_new_tokens=40, tuned=False)).token_ids
+    ar = runner.generate(ids, session.decode_config(mode="ar", max_new_tokens=40, tuned=False)).token_ids
     seq = ids + ar
     vocab = runner.target.spec.vocab_size
     # A datastore holding pieces of the true output (and a decoy), so the copies are right often but not always.
@@ -115,7 +115,7 @@ def test_lookup_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
     lookups = [((6, 1, 0), 0), ((4, 2, 1), 0), ((8, 1, 2), 0), ((8, 1, 2), 6), ((4, 2, 1), 5)]
     seen, discarded = set(), 0
     for lk, cap in lookups:
-        opts = session.decode_options(tree="dynamic", beam_width=1, draft_length=1, total_tokens=1,
+        opts = session.decode_config(tree="dynamic", beam_width=1, draft_length=1, total_tokens=1,
                                       max_new_tokens=40, fallback_after=0, lookup_tokens=lk[0], lookup_branches=lk[1],
                                       datastore_branches=lk[2], max_verify_rows=cap, tuned=False,
                                       adaptive_lookup=False)  # tune replays the copies grafted whole

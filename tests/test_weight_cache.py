@@ -52,7 +52,7 @@ def layouts(tmp_path, role="*"):
 
 def tokens(session, **opts):
     ids = session.encode(PROMPT)
-    return session.runner.generate(ids, session.decode_options(max_new_tokens=20, **opts)).token_ids
+    return session.runner.generate(ids, session.decode_config(max_new_tokens=20, **opts)).token_ids
 
 
 def state(session) -> dict[str, torch.Tensor]:

@@ -36,7 +36,7 @@ def trt_cfg(**changes):
     from eagle_trt.config import EagleConfig
 
     base = dict(name="tiny", backend="trtllm", dtype="bfloat16", max_input_len=512, max_output_len=256,
-                draft_length=4, total_tokens=16, max_beam_width=4, lookup_tokens=0)  # fmt: skip
+                draft_length=4, total_tokens=16, beam_width=4, lookup_tokens=0)  # fmt: skip
     return EagleConfig(**{**base, **changes})
 
 

@@ -78,7 +78,7 @@ class OursMethod(Method):
             "max_verify_rows": opts.max_verify_rows if opts.lookup_tokens > 0 else 0}
 
     def run(self, prompt_ids, max_new_tokens):
-        self.opts.max_new_tokens = max_new_tokens
+        self.opts = self.opts.model_copy(update={"max_new_tokens": max_new_tokens})
         t = time.perf_counter()
         result = self.runner.generate(prompt_ids, self.opts)
         secs = time.perf_counter() - t
@@ -169,7 +169,7 @@ def build_methods(session, names: list[str]) -> list[Method]:
         elif n == "hf-assisted":
             out.append(HFMethod(n, hf, eos, prompt_lookup=PROMPT_LOOKUP_TOKENS))
         elif n == "ar":
-            out.append(OursMethod(n, runner, session.decode_options(mode="ar")))
+            out.append(OursMethod(n, runner, session.decode_config(mode="ar")))
         else:
             out.append(OursMethod(n, runner, _speculative_options(session, SPECULATIVE[n][1])))
     return out
@@ -177,13 +177,13 @@ def build_methods(session, names: list[str]) -> list[Method]:
 
 def _speculative_options(session, role: str):
     if role == "chain":
-        return session.decode_options(mode="eagle", tree="chain", lookup_tokens=0)
+        return session.decode_config(mode="eagle", tree="chain", lookup_tokens=0)
     if role == "tree":
-        return session.decode_options(mode="eagle", tree="dynamic", lookup_tokens=0)
+        return session.decode_config(mode="eagle", tree="dynamic", lookup_tokens=0)
     if role == "tree-untuned":
-        return session.decode_options(mode="eagle", tree="dynamic", tuned=False, lookup_tokens=0)
-    own = session.decode_options()  # tree-lookup
+        return session.decode_config(mode="eagle", tree="dynamic", tuned=False, lookup_tokens=0)
+    own = session.decode_config()  # tree-lookup
     lookup = ((own.lookup_tokens, own.lookup_branches, own.datastore_branches) if own.lookup_tokens
               else (*DEFAULT_LOOKUP, session.config.datastore_branches))
-    return session.decode_options(mode="eagle", tree="dynamic", lookup_tokens=lookup[0], lookup_branches=lookup[1],
+    return session.decode_config(mode="eagle", tree="dynamic", lookup_tokens=lookup[0], lookup_branches=lookup[1],
                                   datastore_branches=lookup[2], max_verify_rows=own.max_verify_rows)

@@ -58,6 +58,7 @@ from eagle_trt.bench.tune_choice import (
     setting_of,
 )
 from eagle_trt.bench.tune_replay import calibrate
+from eagle_trt.config.decode import DecodeConfig, copied_room, drafted_room
 
 
 def measure_costs(session, state: dict, settings: list[Setting], reps: int = 3,
@@ -65,7 +66,7 @@ def measure_costs(session, state: dict, settings: list[Setting], reps: int = 3,
     """draft ms per (k, d), extend ms per accepted count, verify ms per tree size (up to the largest tree plus
     `max_rows` copied rows), and ms to find and graft the copies of each lookup setting of `grid` (all medians)."""
     from eagle_trt.bench.roofline import default_sizes, forward_curve
-    from eagle_trt.runtime.copies import with_lookup
+    from eagle_trt.runtime.proposers import grafted
     from eagle_trt.speculative.lookup import NgramIndex, copied_chains
 
     runner = session.runner
@@ -102,7 +103,7 @@ def measure_costs(session, state: dict, settings: list[Setting], reps: int = 3,
         index.extend(seq[: n + 1])
         store = getattr(runner, "datastore", None)
         for lk in copies:
-            lookup[lk] = median_seconds(lambda: with_lookup(tree, *copied_chains(index, store, *lk)), reps) * 1e3
+            lookup[lk] = median_seconds(lambda: grafted(tree, *copied_chains(index, store, *lk)), reps) * 1e3
     at_root()
     max_tree = max(s.total_tokens for s in settings) + 1 + math.ceil(max_rows)
     context = n
@@ -120,7 +121,7 @@ def measure_step_overhead(session, state: dict, costs: dict, tree: Setting, max_
     the model predicts for those very steps, each at its own size and acceptance. Median over `reps`, >= 0."""
     runner = session.runner
     prompt = state["seq"][: state["prompt_len"]]
-    opts = session.decode_options(tree="dynamic", beam_width=tree.beam_width, draft_length=tree.draft_length,
+    opts = session.decode_config(tree="dynamic", beam_width=tree.beam_width, draft_length=tree.draft_length,
                                   total_tokens=tree.total_tokens, lookup_tokens=0, fallback_after=0,
                                   max_new_tokens=max_new_tokens, tuned=False)
     draft = costs["draft_ms"][(tree.beam_width, tree.draft_length)]
@@ -138,7 +139,7 @@ def measure_step_overhead(session, state: dict, costs: dict, tree: Setting, max_
 def measure_end_to_end(session, encoded: list[list[int]], max_new_tokens: int, settings: list[Setting],
                        repeats: int = 2, fallbacks: tuple[int, ...] = (2,)) -> dict:
     """Decode every calibration prompt with plain AR and with each setting (tree and lookup), once per
-    `fallbacks` value (DecodeOptions.fallback_after: plain decoding after that many verify steps in a row accept
+    `fallbacks` value (DecodeConfig.fallback_after: plain decoding after that many verify steps in a row accept
     nothing; 0 = never), through the bench harness: same interleaving, tokens/s and AR check as `bench`.
 
     Returns {"ar": tok/s (median), "variants": {(Setting, fallback): {"tokens_per_second", "tau"}},
@@ -149,8 +150,8 @@ def measure_end_to_end(session, encoded: list[list[int]], max_new_tokens: int, s
     from eagle_trt.bench.prompts import Prompt
 
     runs = {run_name(s, f): (s, f) for s in settings for f in dict.fromkeys(fallbacks)}
-    methods = [OursMethod("ar", session.runner, session.decode_options(mode="ar", tuned=False))]
-    methods += [OursMethod(name, session.runner, session.decode_options(
+    methods = [OursMethod("ar", session.runner, session.decode_config(mode="ar", tuned=False))]
+    methods += [OursMethod(name, session.runner, session.decode_config(
         tree="dynamic", beam_width=s.beam_width, draft_length=s.draft_length, total_tokens=s.total_tokens,
         fallback_after=f, lookup_tokens=s.lookup_tokens, lookup_branches=s.lookup_branches,
         datastore_branches=s.datastore_branches, max_verify_rows=s.max_verify_rows, tuned=False))
@@ -166,19 +167,7 @@ def measure_end_to_end(session, encoded: list[list[int]], max_new_tokens: int, s
 
 
 def default_fallback() -> int:
-    from eagle_trt.runtime.runner import DecodeOptions
-
-    return DecodeOptions.__dataclass_fields__["fallback_after"].default
-
-
-def tree_room(cfg) -> int:
-    """Largest total_tokens / beam*depth the engine's KV cache reserves room for (see Session.open)."""
-    return max(cfg.total_tokens, cfg.max_beam_width * cfg.draft_length, 64)
-
-
-def lookup_room(cfg) -> int:
-    """Most copied tokens a step may graft within the engine's KV cache (see Session.open)."""
-    return max(cfg.lookup_tokens * (cfg.lookup_branches + cfg.datastore_branches), 64)
+    return DecodeConfig.model_fields["fallback_after"].default
 
 
 def engine_lookup(cfg, has_datastore: bool) -> tuple[int, int, int]:
@@ -208,14 +197,14 @@ def tune_engine(session, encoded: list[list[int]], max_new_tokens: int = 64, pos
     has_store = getattr(session.runner, "datastore", None) is not None
     # All-zero lookup_tokens: lookup off only; else the engine's own lookup setting is scored too.
     own = engine_lookup(cfg, has_store) if any(t > 0 for t in lookup_tokens) else LOOKUP_OFF
-    default = Setting(cfg.max_beam_width, cfg.draft_length, cfg.total_tokens)
+    default = Setting(cfg.beam_width, cfg.draft_length, cfg.total_tokens)
     own_cap = cfg.max_verify_rows if cfg.max_verify_rows in row_caps(default, own, [cfg.max_verify_rows]) else 0
     default = default.plus(own, own_cap)
-    beams = sorted({b for b in (beams or [1, 2, 4, 8]) if 1 <= b <= cfg.max_beam_width} | {cfg.max_beam_width})
+    beams = sorted({b for b in (beams or [1, 2, 4, 8]) if 1 <= b <= cfg.beam_width} | {cfg.beam_width})
     max_depth = min(max(max_depth, cfg.draft_length), 32)
-    settings = candidate_settings(beams, max_depth, tree_room(cfg), include=[default.tree])
+    settings = candidate_settings(beams, max_depth, drafted_room(cfg), include=[default.tree])
     grid = lookup_grid(list(lookup_tokens), list(lookup_branches), list(datastore_branches) if has_store else [0],
-                       lookup_room(cfg), include=[own])
+                       copied_room(cfg), include=[own])
     t0 = time.perf_counter()
     caps = sorted({c for c in (*max_verify_rows, own_cap) if c > 0})
     taus, rows, state = calibrate(session, encoded, max_new_tokens, positions, settings, grid, progress, caps)

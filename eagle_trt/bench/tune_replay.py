@@ -8,6 +8,10 @@ from typing import Callable
 import torch
 
 from eagle_trt.bench.tune_choice import LOOKUP_OFF, Setting, row_caps, walk
+from eagle_trt.errors import InputError
+from eagle_trt.speculative.lookup import NgramIndex, copied_chains, matched, trie_size, within_rows
+from eagle_trt.speculative.tree import select_top_nodes
+
 
 def _candidates(drafter, k: int, depth: int):
     """The full dynamic tree's candidates (no size cut): (scores, parents, depths, tokens) in creation order."""
@@ -17,8 +21,6 @@ def _candidates(drafter, k: int, depth: int):
 
 def accepted_lengths(scores, parents, depths, tokens, continuation: list[int], settings) -> dict:
     """Draft tokens greedy verification accepts for each (d, N) in settings, given the true continuation."""
-    from eagle_trt.speculative.tree import select_top_nodes
-
     n = scores.numel()
     good = torch.zeros(n, dtype=torch.bool)  # the whole root..candidate path matches the continuation
     dep, par, tok = depths.tolist(), parents.tolist(), tokens.tolist()
@@ -44,7 +46,7 @@ def replay(session, seq: list[int], roots: list[int], settings: list[Setting], e
     end - 1 - n tokens the run may still emit (`end`: prompt + max_new_tokens, capped at the model's positions;
     default len(seq)). Returns ({root: {Setting: accepted}}, drafter state)."""
     runner = session.runner
-    target, drafter = runner.target, runner.drafter
+    drafter = runner.drafter
     by_beam: dict[int, set] = {}
     for s in settings:
         by_beam.setdefault(s.beam_width, set()).add((s.draft_length, s.total_tokens))
@@ -53,9 +55,7 @@ def replay(session, seq: list[int], roots: list[int], settings: list[Setting], e
     aux = None
     with torch.inference_mode():
         if drafter.needs_features:  # the target's features of the whole sequence, for a head that reads them
-            runner.cache.length = 0
-            _, aux = target.forward(torch.tensor(seq), torch.arange(length), runner.cache, need_aux=True,
-                                    logits_rows=torch.tensor([length - 1]))
+            aux = runner.features_of(seq)
         # The drafter over the whole sequence at once, as its `extend` would feed it piece by piece.
         primed = drafter.replay_state(seq, aux)
     out = {}
@@ -84,8 +84,6 @@ def lookup_replay(seq: list[int], prompt_len: int, roots: list[int], keys: list[
     context seq[:root + 1] and `datastore`, no longer than the end - 1 - root tokens still to emit (`end` as in
     `replay`), cut by `within_rows` to the budget; None = no cut); rows count the copies' distinct prefixes, not
     the nodes they may share with the head's tree (an upper bound of one or two rows)."""
-    from eagle_trt.speculative.lookup import NgramIndex, copied_chains, matched, trie_size, within_rows
-
     index = NgramIndex()
     index.extend(seq[:prompt_len])
     by_lookup: dict[tuple[int, int, int], list] = {}
@@ -148,7 +146,7 @@ def calibrate(session, encoded: list[list[int]], max_new_tokens: int, positions:
     tokens = torch.zeros(len(scored), dtype=torch.float64)
     spread, state, count = None, None, 0
     for i, ids in enumerate(encoded):
-        ar = runner.generate(ids, session.decode_options(mode="ar", max_new_tokens=max_new_tokens, tuned=False))
+        ar = runner.generate(ids, session.decode_config(mode="ar", max_new_tokens=max_new_tokens, tuned=False))
         seq = list(ids) + ar.token_ids
         if positions > 0:
             last = len(seq) - 1 - ahead  # the last root with a full continuation behind it
@@ -179,8 +177,6 @@ def calibrate(session, encoded: list[list[int]], max_new_tokens: int, positions:
         if progress:
             progress(f"calibration prompt {i + 1}/{len(encoded)}: {len(roots)} positions")
     if count == 0:
-        from eagle_trt.errors import InputError
-
         raise InputError("no calibration position: the prompts' AR outputs are shorter than the tree depth",
                          hint="raise --max-new-tokens or lower --max-depth")
     steps = spread.sum(1)

@@ -39,7 +39,7 @@ def _atomic_write(path: Path, text: str) -> None:
 def store_tuned(engine_root: str | Path, best: dict, info: dict | None = None) -> Path:
     """Write engine_root/tuned.json and list it (sha256 + size) in manifest.json, both atomically.
 
-    Session.decode_options then prefers these settings over the build config's."""
+    Session.decode_config then prefers these settings over the build config's."""
     from eagle_trt.engine.manifest import MANIFEST_NAME, FileEntry, read_manifest, sha256_file, write_manifest
     from eagle_trt.runtime.session import TUNED_NAME
 

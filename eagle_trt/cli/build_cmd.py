@@ -50,8 +50,10 @@ def _build(config, checkpoint, output, backend, trtllm_version, dry_run, json_ou
 
     cfg = override_config(load_config(config), {"backend": backend}, source="--backend")
     cfg = override_config(cfg, {"trtllm_version": trtllm_version}, source="--trtllm-version")
+    from eagle_trt.runtime.session import warm_runtime_layout
+
     summary = build_engine(cfg, checkpoint_dir=checkpoint, output_dir=output, dry_run=dry_run,
-                           max_shard_size=max_shard_size)
+                           max_shard_size=max_shard_size, warm=warm_runtime_layout)
     for warning in summary.warnings:
         err_console.print(f"Warning: {warning}", soft_wrap=True, markup=False)
     if summary.trtllm is not None and not summary.trtllm["validated"]:

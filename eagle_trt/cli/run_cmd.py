@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import Annotated, Optional
 
@@ -15,13 +14,12 @@ from eagle_trt.cli.common import (
     SkipVerifyOpt,
     ThreadsOpt,
     apply_threads,
-    check_lookup,
     console,
     handle_errors,
     print_json,
     require_engine,
 )
-from eagle_trt.errors import InputError
+from eagle_trt.config.decode import DecodeConfig
 
 
 def run(
@@ -81,64 +79,30 @@ def run(
 
     Example: eagle-trt run --engine engines/smollm2-135m-eagle3 --prompt "Write a haiku about the sea"
     """
-    sampling = dict(threads=threads, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                    posterior_threshold=posterior_threshold, fallback_after=fallback_after,
-                    fallback_tokens=fallback_tokens, adaptive_lookup=adaptive_lookup)
-    handle_errors(_run)(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, total_tokens,
-                        confidence_threshold, (lookup_tokens, lookup_branches, datastore_branches, max_verify_rows),
-                        chat, json_out, skip_verify, sampling)
+    request = dict(max_new_tokens=max_new_tokens, mode=mode, tree=tree, draft_length=draft_length,
+                   beam_width=beam_width, total_tokens=total_tokens, confidence_threshold=confidence_threshold,
+                   lookup_tokens=lookup_tokens, lookup_branches=lookup_branches, datastore_branches=datastore_branches,
+                   max_verify_rows=max_verify_rows, adaptive_lookup=adaptive_lookup, temperature=temperature,
+                   top_p=top_p, top_k=top_k, seed=seed, posterior_threshold=posterior_threshold,
+                   fallback_after=fallback_after, fallback_tokens=fallback_tokens)
+    handle_errors(_run)(engine, prompt, request, chat=chat, json_out=json_out, skip_verify=skip_verify,
+                        threads=threads)
 
 
-MIN_TEMPERATURE = 1e-5  # below it logits / T overflow float32 long before it samples anything but the argmax
-MAX_SEED = 2**64 - 1  # torch generators take 64-bit seeds
-
-
-def _check_sampling(s: dict) -> None:
-    apply_threads(s.pop("threads"))
-    t = s["temperature"]
-    if not math.isfinite(t) or t < 0 or 0 < t < MIN_TEMPERATURE:
-        raise InputError(f"--temperature must be 0 (greedy) or a finite value >= {MIN_TEMPERATURE:g}, got {t}")
-    if s["seed"] is not None and not 0 <= s["seed"] <= MAX_SEED:
-        raise InputError(f"--seed must be in [0, 2**64 - 1], got {s['seed']}")
-    if not 0 < s["top_p"] <= 1:
-        raise InputError(f"--top-p must be in (0, 1], got {s['top_p']}")
-    if s["top_k"] < 0:
-        raise InputError(f"--top-k must be >= 0, got {s['top_k']}")
-    if s["posterior_threshold"] is not None and not 0 < s["posterior_threshold"] <= 1:
-        raise InputError(f"--posterior-threshold must be in (0, 1], got {s['posterior_threshold']}")
-    if (s["fallback_after"] is not None and s["fallback_after"] < 0) or s["fallback_tokens"] < 1:
-        raise InputError("--fallback-after must be >= 0 and --fallback-tokens >= 1")
-
-
-def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, total_tokens,
-         confidence_threshold, lookup, chat, json_out, skip_verify, sampling) -> None:
+def _run(engine, prompt: str, request: dict, *, chat: bool, json_out: bool, skip_verify: bool,
+         threads: int | None) -> None:
+    """request: the DecodeConfig fields the flags give (None = the engine's); each is checked before the engine
+    loads, and all of them with the engine's settings once it has (config/decode.py)."""
+    # Imported here: the session pulls in torch, which `eagle-trt --help` and the other commands should not wait for.
     from eagle_trt.runtime.session import Session, TextStream, check_prompt_text
 
-    if mode not in ("eagle", "ar"):
-        raise InputError(f"--mode must be 'eagle' or 'ar', got {mode!r}")
-    if tree is not None and tree not in ("dynamic", "static", "chain"):
-        raise InputError(f"--tree must be dynamic, static or chain, got {tree!r}")
-    for name, value in (("--max-new-tokens", max_new_tokens), ("--draft-length", draft_length),
-                        ("--beam-width", beam_width), ("--total-tokens", total_tokens)):
-        if value is not None and value < 1:
-            raise InputError(f"{name} must be >= 1, got {value}")
-    lookup_tokens, lookup_branches, datastore_branches, max_verify_rows = lookup
-    check_lookup(lookup_tokens, lookup_branches, datastore_branches)
-    if max_verify_rows is not None and max_verify_rows < 0:
-        raise InputError(f"--max-verify-rows must be >= 0 (0 = no cut), got {max_verify_rows}")
-    if confidence_threshold is not None and not 0 <= confidence_threshold < 1:
-        raise InputError(f"--confidence-threshold must be in [0, 1), got {confidence_threshold}")
-    _check_sampling(sampling)
+    apply_threads(threads)
+    DecodeConfig.check_request(request)
     check_prompt_text(prompt)
     require_engine(engine)
 
     session = Session.open(engine, verify=not skip_verify)
-    opts = session.decode_options(max_new_tokens=max_new_tokens, mode=mode, tree=tree, draft_length=draft_length,
-                                  beam_width=beam_width, total_tokens=total_tokens,
-                                  confidence_threshold=confidence_threshold, lookup_tokens=lookup_tokens,
-                                  lookup_branches=lookup_branches, datastore_branches=datastore_branches,
-                                  max_verify_rows=max_verify_rows,
-                                  **sampling)
+    opts = session.decode_config(**request)
     ids = session.encode(prompt, chat=chat)
     stream = TextStream(session.tokenizer)
 
@@ -158,7 +122,7 @@ def _run(engine, prompt, max_new_tokens, mode, tree, draft_length, beam_width, t
     metrics["drafter"] = session.draft_kind if opts.mode == "eagle" else None
     if json_out:
         print_json({"text": text, "token_ids": result.token_ids, "prompt_token_ids": ids,
-                    "options": {k: v for k, v in vars(opts).items() if k != "eos_token_ids"}, "metrics": metrics})
+                    "options": opts.model_dump(exclude={"eos_token_ids"}), "metrics": metrics})
         return
     sys.stdout.write("\n")
     console.print(metrics_table(metrics))

@@ -36,7 +36,7 @@ def tune(
              "decoding would take (exact tau); N = N evenly spaced ones, averaged (faster, optimistic).")] = 0,
     max_depth: Annotated[int, typer.Option(help="Deepest draft_length considered (at least the engine's).")] = 8,
     beams: Annotated[str, typer.Option(help="Beam widths considered, comma-separated (capped at the "
-                                       "engine's max_beam_width, which is always included).")] = "1,2,4,8",
+                                       "engine's beam_width, which is always included).")] = "1,2,4,8",
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (use what you will run with).")] = None,
     validate: Annotated[int, typer.Option(help="Best-predicted settings to run end to end (with the build default); "
                                           "the fastest measured one wins. 0 trusts the prediction alone.")] = 3,

@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
+
+from eagle_trt.config.decode import MAX_LOOKUP_BRANCHES, MAX_LOOKUP_TOKENS, TreeSettings
+
+__all__ = ["MAX_LOOKUP_BRANCHES", "MAX_LOOKUP_TOKENS", "DraftConfig", "EagleArchitecture", "EagleConfig"]
 
 # strict=True: YAML already yields the right Python types, so "6" for an int or `yes` for a
 # number is a typo to report, not something to coerce silently.
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-Rank = Annotated[int, Field(ge=0)]
-MAX_LOOKUP_TOKENS = 32
-MAX_LOOKUP_BRANCHES = 8
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
@@ -54,12 +55,13 @@ class DraftConfig(BaseModel):
     kind: Literal["eagle3", "model"] = Field(
         description="eagle3: an EAGLE-3 head reading the target's layer features (`convert` attaches one); model: a "
         "small language model sharing the target's tokenizer, with its own KV cache (`convert --draft-model`). "
-        "Both draft the same trees (draft_length, max_beam_width, total_tokens, confidence_threshold, tree).",
+        "Both draft the same trees (draft_length, beam_width, total_tokens, confidence_threshold, tree).",
     )
 
 
-class EagleConfig(BaseModel):
-    """Everything `eagle-trt build` and `eagle-trt run` need besides the checkpoint itself."""
+class EagleConfig(TreeSettings):
+    """Everything `eagle-trt build` and `eagle-trt run` need besides the checkpoint itself; the decode defaults
+    (tree shape, prompt lookup) are `TreeSettings`, declared with the per-request settings in config/decode.py."""
 
     model_config = _STRICT
 
@@ -100,45 +102,6 @@ class EagleConfig(BaseModel):
     )
     eagle_architecture: EagleArchitecture | None = Field(
         None, description="Draft head shape (EAGLE-3 heads only); omit (null) to derive it from the checkpoint."
-    )
-    draft_length: int = Field(6, ge=1, le=32, description="Draft tree depth (draft steps per iteration).")
-    confidence_threshold: float = Field(
-        0.0, ge=0.0, lt=1.0, description="Drop draft branches whose probability is below this value."
-    )
-    max_beam_width: int = Field(8, ge=1, le=64, description="Top-k children expanded per draft node.")
-    total_tokens: int = Field(32, ge=1, le=512, description="Draft tokens in the tree, root excluded.")
-    tree: Literal["dynamic", "static", "chain"] = Field(
-        "dynamic", description="Tree shape: dynamic (EAGLE-3), static (static_tree) or chain (no branching)."
-    )
-    static_tree: list[list[Rank]] | None = Field(
-        None, description="Tree paths by top-k rank, e.g. [[0], [0, 0], [1]]; only with tree: static."
-    )
-    lookup_tokens: int = Field(
-        8, ge=0, le=MAX_LOOKUP_TOKENS,
-        description="Prompt lookup: graft up to this many tokens copied from the context (what followed an earlier "
-        "occurrence of the last 1-3 tokens) onto every draft tree, verified in the same pass; 0 = off. Lossless; "
-        "helps code, extraction and any answer that repeats itself or the prompt.",
-    )
-    lookup_branches: int = Field(
-        2, ge=1, le=MAX_LOOKUP_BRANCHES, description="Distinct copied continuations per draft tree (each up to lookup_tokens long)."
-    )
-    datastore_branches: int = Field(
-        1, ge=0, le=MAX_LOOKUP_BRANCHES,
-        description="Continuations (up to lookup_tokens long) taken from the draft's datastore, the text its "
-        "training data holds, in addition to the context's: the most frequent ones after the last 2-4 tokens. "
-        "Used only by engines whose draft/ has a datastore.safetensors and with lookup_tokens > 0; 0 = off.",
-    )
-    max_verify_rows: int = Field(
-        0, ge=0, le=4096,
-        description="Cut the prompt-lookup copies so that one verify pass holds at most this many tokens (the root, "
-        "the draft tree and the copies); 0 = no cut. Verify cost can jump at a row count (bf16 on CPU: every 32 "
-        "rows take another pass over the weights); `eagle-trt tune` chooses it.",
-    )
-    adaptive_lookup: bool = Field(
-        True,
-        description="Greedy decoding: cut each copy where what it has been earning in this request (tokens accepted "
-        "beyond the head's path) stops paying for its verify rows on this machine; the copies still come from "
-        "lookup_tokens/branches. Lossless; false = always graft them whole.",
     )
     max_batch_size: int = Field(1, ge=1, description="Largest batch the engine accepts.")
     max_input_len: int = Field(2048, ge=1, description="Longest prompt in tokens.")
@@ -181,9 +144,9 @@ class EagleConfig(BaseModel):
     def _check_cross_fields(self) -> EagleConfig:
         if self.total_tokens < self.draft_length:
             raise _cross(f"total_tokens ({self.total_tokens}) must be >= draft_length ({self.draft_length})")
-        if self.max_beam_width > self.total_tokens:
+        if self.beam_width > self.total_tokens:
             raise _cross(
-                f"max_beam_width ({self.max_beam_width}) must be <= total_tokens ({self.total_tokens})"
+                f"beam_width ({self.beam_width}) must be <= total_tokens ({self.total_tokens})"
             )
         if self.draft is not None and self.draft.kind == "model" and self.eagle_architecture is not None:
             raise _cross("eagle_architecture describes an EAGLE-3 head, but draft.kind is 'model'; remove "
@@ -214,9 +177,9 @@ class EagleConfig(BaseModel):
                 raise _cross(
                     f"static_tree[{i}] {path} has depth {len(path)} > draft_length ({self.draft_length})"
                 )
-            if max(path) >= self.max_beam_width:
+            if max(path) >= self.beam_width:
                 raise _cross(
-                    f"static_tree[{i}] {path} uses rank {max(path)} >= max_beam_width ({self.max_beam_width})"
+                    f"static_tree[{i}] {path} uses rank {max(path)} >= beam_width ({self.beam_width})"
                 )
         if len(paths) > self.total_tokens:
             raise _cross(f"static_tree has {len(paths)} nodes > total_tokens ({self.total_tokens})")

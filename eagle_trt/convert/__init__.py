@@ -4,6 +4,7 @@
     result = convert_model("/tmp/tiny-llama", "/tmp/tiny-ckpt", steps=0)
 """
 
-from .pipeline import ConvertResult, convert_model
+from .pipeline import convert_model
+from .result import ConvertResult
 
 __all__ = ["ConvertResult", "convert_model"]

@@ -105,7 +105,8 @@ def fp8_agreement(checkpoint: str | Path, prompts: list[list[int]], new_tokens: 
     """Greedy decoding with an FP8 KV cache (calibrated scales) against fp32 KV: token agreement and bytes."""
     from eagle_trt.models.kv_cache import FP8
     from eagle_trt.models.weights import load_safetensors
-    from eagle_trt.runtime.runner import DecodeOptions, Runner
+    from eagle_trt.config.decode import DecodeConfig
+    from eagle_trt.runtime.runner import Runner
 
     ckpt = Path(checkpoint)
     scales = load_safetensors(ckpt / KV_SCALES_FILE)
@@ -118,14 +119,14 @@ def fp8_agreement(checkpoint: str | Path, prompts: list[list[int]], new_tokens: 
     same = total = prefix = 0
     spec_equal = True
     for ids in prompts:
-        opts = DecodeOptions(max_new_tokens=new_tokens, mode="ar", eos_token_ids=[])
+        opts = DecodeConfig(max_new_tokens=new_tokens, mode="ar", eos_token_ids=[])
         a = exact.generate(ids, opts).token_ids
         b = fp8.generate(ids, opts).token_ids
         same += sum(x == y for x, y in zip(a, b))
         total += len(a)
         prefix += next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
         # Speculative decoding over the FP8 cache must still equal plain decoding over the same cache.
-        spec_equal &= fp8.generate(ids, DecodeOptions(max_new_tokens=new_tokens, eos_token_ids=[])).token_ids == b
+        spec_equal &= fp8.generate(ids, DecodeConfig(max_new_tokens=new_tokens, eos_token_ids=[])).token_ids == b
     s = target.spec
     per_token_fp32 = 2 * s.num_layers * s.num_kv_heads * s.head_dim * 4
     return {

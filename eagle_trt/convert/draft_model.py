@@ -24,6 +24,7 @@ from eagle_trt.staging import check_apart
 
 from .export import check_output_dir, staged_output, write_manifest, write_target
 from .load_target import load_target, load_tokenizer
+from .result import ConvertResult
 
 # A draft model is small: its weights stay one model.safetensors, the file a checkpoint's and an engine's draft/ holds.
 ONE_FILE = 1 << 62
@@ -49,7 +50,6 @@ def convert_with_draft_model(model_path, draft_path, output_dir, overwrite: bool
     """Write OUT with the target and the draft model (see the module doc); returns a ConvertResult."""
     from eagle_trt.safetensors_stream import parse_size
 
-    from .pipeline import ConvertResult
     from .stages import Stages, versions
 
     try:

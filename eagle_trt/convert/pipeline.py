@@ -44,17 +44,8 @@ from eagle_trt.staging import check_apart
 from .export import check_output_dir, staged_output, write_manifest, write_target
 from .head_training import attach_and_train
 from .load_target import load_target
+from .result import ConvertResult
 from .stages import Stages, versions
-
-
-@dataclass
-class ConvertResult:
-    """What `convert_model` wrote; `summary` is JSON-ready (the CLI prints it for --json)."""
-
-    output_dir: Path
-    target_dir: Path
-    draft_dir: Path
-    summary: dict = field(default_factory=dict)
 
 
 def _eos_ids(model, tokenizer) -> list[int]:

@@ -38,7 +38,8 @@ def measure_acceptance(target_dir: str | Path, draft_dir: str | Path, prompts: l
     from eagle_trt.models.draft_head import Eagle3DraftHead
     from eagle_trt.models.llama import LlamaTarget
     from eagle_trt.eos import eos_from_files
-    from eagle_trt.runtime.runner import DecodeOptions, Runner
+    from eagle_trt.config.decode import DecodeConfig
+    from eagle_trt.runtime.runner import Runner
 
     target = LlamaTarget.load(Path(target_dir))
     head = Eagle3DraftHead.load(Path(draft_dir), target)
@@ -49,7 +50,7 @@ def measure_acceptance(target_dir: str | Path, draft_dir: str | Path, prompts: l
         t0 = time.perf_counter()
         runner = Runner(target, head, capacity=2048, eos_token_ids=eos_from_files(target_dir))
         for ids in prompts:
-            result = runner.generate(ids, DecodeOptions(max_new_tokens=max_new_tokens, tree=tree, eos_token_ids=None))
+            result = runner.generate(ids, DecodeConfig(max_new_tokens=max_new_tokens, tree=tree, eos_token_ids=None))
             m = result.metrics
             taus.append(round(m.acceptance_length, 4))
             tokens += m.generated_tokens

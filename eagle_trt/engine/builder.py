@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,9 +79,12 @@ def build_engine(
     dry_run: bool = False,
     overwrite: bool = True,
     max_shard_size: str | int = "5GB",
+    warm: Callable[[Path], str | None] | None = None,
 ) -> BuildSummary:
     """Build engines/<cfg.name> (or output_dir) from checkpoint_dir (or cfg.checkpoint_dir); weight files larger
-    than max_shard_size are split into shards."""
+    than max_shard_size are split into shards. `warm(engine)`, for a torch engine once it is in place: open it once so
+    the weight cache holds its runtime layout (the runtime's `warm_runtime_layout`; the CLI passes it, as the engine
+    layer does not import the runtime above it); returns the kernels' name or None."""
     from eagle_trt.safetensors_stream import parse_size
 
     from eagle_trt import private_cache
@@ -136,8 +140,8 @@ def build_engine(
 
             summary.trtllm = validate_bundle(tmp)  # loads it through LLM(...) where TensorRT-LLM can run
         swap_into_place(tmp, out)
-    if cfg.backend == "torch":
-        summary.runtime_layout = warm_runtime_layout(out)
+    if cfg.backend == "torch" and warm is not None:
+        summary.runtime_layout = warm(out)
     summary.files = {k: v.model_dump() for k, v in manifest.files.items()}
     summary.validated = True
     summary.seconds = time.monotonic() - start
@@ -146,25 +150,12 @@ def build_engine(
     return summary
 
 
-def warm_runtime_layout(engine: Path) -> str | None:
-    """Open the new engine once, so the weight cache holds its runtime layout for this machine's kernels and the
-    first `run` here maps it instead of making it (models/weight_cache.py). Returns the kernels' name, or None
-    when the cache is off."""
-    from eagle_trt.models.weight_cache import layouts_dir
-    from eagle_trt.runtime.session import Session
-
-    if layouts_dir() is None:
-        return None
-    # Hashed again: a layout is stored only from bytes proven to be the manifest's (models/weight_cache.py).
-    return Session.open(engine, verify=True, just_written=True).runner.target.backend.name
-
-
 def bf16_is_fast() -> bool:
     """Whether a bf16 torch engine is the faster one on this machine (what dtype: auto builds): a GPU, or the
     compiled CPU kernels (bf16 storage halves the bytes a memory-bound token step reads), or hardware bf16."""
     import torch
 
-    from eagle_trt.models.gemm import cpu_has_native_bf16
+    from eagle_trt.models.backend import cpu_has_native_bf16
 
     return torch.cuda.is_available() or cpu_has_native_bf16()
 

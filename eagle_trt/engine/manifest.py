@@ -19,7 +19,7 @@ import platform
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from eagle_trt.errors import EngineIntegrityError
 
@@ -48,7 +48,9 @@ class CreatedBy(BaseModel):
 class TreeLimits(BaseModel):
     model_config = _STRICT
     draft_length: int = Field(ge=1, description="Draft tree depth.")
-    max_beam_width: int = Field(ge=1, description="Top-k children per expansion.")
+    # Manifests written before the rename say max_beam_width (config/decode.py).
+    beam_width: int = Field(ge=1, validation_alias=AliasChoices("beam_width", "max_beam_width"),
+                            description="Top-k children per expansion.")
     total_tokens: int = Field(ge=1, description="Draft tokens in the tree, root excluded.")
     tree: Literal["dynamic", "static", "chain"] = Field(description="Tree shape.")
     confidence_threshold: float = Field(ge=0, lt=1, description="Branch pruning threshold.")

@@ -95,7 +95,7 @@ def check_trtllm_head(cfg, head_kind: str) -> list[str]:
         if cfg.tree == "chain":
             return []
         return [f"{line.releases} runs a draft model (Draft_Target) as a chain of max_draft_len = draft_length "
-                f"({cfg.draft_length}) tokens per step: tree {cfg.tree} (total_tokens, max_beam_width) is not in "
+                f"({cfg.draft_length}) tokens per step: tree {cfg.tree} (total_tokens, beam_width) is not in "
                 "this bundle"]
     if head_kind != "eagle1":
         return _eagle3_tree_rules(cfg, line)
@@ -119,15 +119,15 @@ def _eagle3_tree_rules(cfg, line: Line) -> list[str]:
             f'tree static: {line.releases} have no static trees (eagle_choices was removed); use tree: dynamic '
             'or chain, or build for trtllm_version "1.2", which runs a chain'
         )
-    if runs_tree(cfg) and cfg.total_tokens > cfg.max_beam_width * cfg.draft_length:
+    if runs_tree(cfg) and cfg.total_tokens > cfg.beam_width * cfg.draft_length:
         raise ConfigError(
-            f"total_tokens ({cfg.total_tokens}) exceeds max_beam_width x draft_length "
-            f"({cfg.max_beam_width} x {cfg.draft_length} = {cfg.max_beam_width * cfg.draft_length}): "
+            f"total_tokens ({cfg.total_tokens}) exceeds beam_width x draft_length "
+            f"({cfg.beam_width} x {cfg.draft_length} = {cfg.beam_width * cfg.draft_length}): "
             "TensorRT-LLM's dynamic tree cannot hold that many draft tokens"
         )
     if cfg.tree != "chain" and not line.runs_trees:
         return [f"{line.releases} runs EAGLE-3 as a chain of max_draft_len = draft_length ({cfg.draft_length}) "
-                f"tokens per step: tree {cfg.tree} (total_tokens, max_beam_width) is not in this bundle; "
+                f"tokens per step: tree {cfg.tree} (total_tokens, beam_width) is not in this bundle; "
                 'trtllm_version "1.3+" runs dynamic trees']
     return []
 
@@ -142,7 +142,7 @@ def speculative_config(cfg, aux_layer_ids: list[int], head_kind: str = "eagle3")
         return spec
     spec: dict = {"decoding_type": "Eagle3", "max_draft_len": cfg.draft_length, "speculative_model": _DRAFT_REF}
     if runs_tree(cfg):  # dynamic: static trees were refused for lines that run trees
-        spec.update(use_dynamic_tree=True, dynamic_tree_max_topK=cfg.max_beam_width,
+        spec.update(use_dynamic_tree=True, dynamic_tree_max_topK=cfg.beam_width,
                     max_total_draft_tokens=cfg.total_tokens)  # fmt: skip
     if aux_layer_ids:  # TensorRT-LLM's default is modelopt's; the head's own ids always win
         spec["eagle3_layers_to_capture"] = sorted(aux_layer_ids)
@@ -211,7 +211,7 @@ def legacy_checkpoint_config(cfg, target: dict, draft: dict) -> dict:
     out = llama(target, "EagleForCausalLM")
     # Legacy naming: max_draft_len counts every draft token of the tree, num_eagle_layers is its depth.
     out.update(max_draft_len=cfg.total_tokens, num_eagle_layers=cfg.draft_length,
-               max_non_leaves_per_layer=cfg.max_beam_width, eagle_net_config=llama(draft, "LlamaForCausalLM"))
+               max_non_leaves_per_layer=cfg.beam_width, eagle_net_config=llama(draft, "LlamaForCausalLM"))
     return out
 
 

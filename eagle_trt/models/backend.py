@@ -16,9 +16,17 @@ from __future__ import annotations
 import torch
 
 from eagle_trt.models import native
+from eagle_trt.models.gemm import bf16_hardware
 from eagle_trt.models.native import gemm as native_gemm
 from eagle_trt.models.native import ops as native_ops
 from eagle_trt.models.reference import TorchBackend
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether a bf16 engine runs at full speed on this CPU: the compiled kernels (AVX2 and up: bf16 storage, fp32
+    or AMX math), or hardware bf16 for torch's. Without either, bf16 matmuls are emulated and run far slower than
+    fp32 (docs/bench.md has the figure)."""
+    return native.library_or_none() is not None or bf16_hardware()
 
 
 def projection_inputs(spec) -> list[int]:

@@ -1,16 +1,9 @@
 """The torch reference backend's projections `y = x @ W`, with the fastest torch kernel for the dtype and rows.
 
-Profiled on the project machine (`python scripts/kernel_timings.py --threads 2`: SmolLM2's [576, 3072],
-30 distinct weights so nothing stays in cache):
-
-| kernel                          | fp32, 1 row | fp32, 16 rows | bf16, 1 row | bf16, 16 rows |
-|---------------------------------|-------------|---------------|-------------|---------------|
-| `x @ W` (W stored [in, out])    | 0.19 ms     | 0.70-0.75 ms  | 0.22 ms     | 0.18-0.27 ms  |
-| oneDNN, weight prepacked once   | 0.28 ms     | 0.44 ms       | 0.11 ms     | 0.11 ms       |
-
-So a plain GEMM serves fp32 decoding (one row), and a weight prepacked for oneDNN serves tree verification (many
-rows); prepacking copies the weight, so fp32 keeps both layouts. bf16 takes oneDNN's prepacked kernel for every
-call where the CPU multiplies bf16 in hardware: up to 32 rows it computes each output row independently of how many
+Which torch kernel is fastest depends on dtype and rows (docs/bench.md, "The torch reference's projections"): a
+plain GEMM serves fp32 decoding (one row), and a weight prepacked for oneDNN serves tree verification (many rows);
+prepacking copies the weight, so fp32 keeps both layouts. bf16 takes oneDNN's prepacked kernel for every call
+where the CPU multiplies bf16 in hardware: up to 32 rows it computes each output row independently of how many
 rows are in the call, and larger calls are split into 32-row chunks, so a bf16 verify row equals decoding it alone.
 Where oneDNN is missing (other builds, GPU tensors) every call is a plain `x @ W`.
 
@@ -26,8 +19,8 @@ import torch
 # Row count the packed layout is tuned for (the default tree verifies 16 tokens plus the root).
 PACK_ROWS = 16
 _PACKABLE = (torch.float32, torch.bfloat16)
-# Largest call whose rows the packed bf16 kernel computes independently of the row count (measured with
-# oneDNN 3.12 in torch 2.13: 1..32 rows agree bit for bit, 33 and more take another kernel).
+# Largest call whose rows the packed bf16 kernel computes independently of the row count: 1..32 rows agree bit for
+# bit, 33 and more take another kernel (tests/test_gemm.py checks it on the torch installed).
 INVARIANT_ROWS = 32
 
 
@@ -89,10 +82,10 @@ class Projection:
 
 def bf16_hardware() -> bool:
     """Whether this CPU multiplies bf16 in hardware (AMX tiles or AVX512-BF16) for torch's kernels, as far as
-    EAGLE_TRT_ISA lets the engine see (`models/native/isa.py`)."""
+    EAGLE_TRT_ISA lets the engine see (`models/isa.py`)."""
     import torch.cpu
 
-    from eagle_trt.models.native import isa
+    from eagle_trt.models import isa
 
     if isa.hides_bf16_hardware():
         return False
@@ -104,12 +97,3 @@ def bf16_hardware() -> bool:
         except RuntimeError:
             continue
     return False
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether a bf16 engine runs at full speed on this CPU: the compiled kernels (AVX2 and up: bf16 storage, fp32
-    or AMX math), or hardware bf16 for torch's. Without either, bf16 matmuls are emulated and run far slower than
-    fp32 (~300x was seen on an AVX2-only machine)."""
-    from eagle_trt.models import native
-
-    return native.library_or_none() is not None or bf16_hardware()

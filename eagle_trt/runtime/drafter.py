@@ -69,13 +69,9 @@ class Drafter(TreeDrafter):
 
         Returns (draft logits [F, Vd], output hidden [F, H], the nodes' own visibility rows [F, W])."""
         n, f = self.cache.length, tokens.numel()
-        cur = state.used
-        vis = parent_vis.clone()
-        vis[torch.arange(f), torch.arange(cur, cur + f)] = True
-        mask = torch.cat([torch.ones(f, n, dtype=torch.bool), vis[:, : cur + f]], dim=1)
+        vis, mask, cur = state.place(parent_vis, n)
         positions = torch.full((f,), n + depth - 1, dtype=torch.long)
         logits, out = self.head.forward(hidden, tokens, positions, self.cache, n + cur, mask)
-        state.used += f
         return logits, out, vis
 
     # ---- tune's replay ----------------------------------------------------------------------------------

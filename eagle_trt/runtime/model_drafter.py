@@ -94,17 +94,13 @@ class ModelDrafter(TreeDrafter):
         slots n + used..; parent_vis [F, W]: the scratch slots each may see. Returns (logits [F, vocab], carry
         unchanged, the nodes' own visibility rows [F, W])."""
         n, f = self.cache.length, tokens.numel()
-        cur = state.used
-        vis = parent_vis.clone()
-        vis[torch.arange(f), torch.arange(cur, cur + f)] = True
-        mask = torch.cat([torch.ones(f, n, dtype=torch.bool), vis[:, : cur + f]], dim=1)  # [F, n + cur + F]
+        vis, mask, cur = state.place(parent_vis, n)  # mask [F, n + cur + F]
         positions = torch.full((f,), n - 1 + depth, dtype=torch.long)
         self.cache.length = n + cur  # where the forward writes its K/V
         try:
             hidden, _ = self.model.hidden_states(tokens, positions, self.cache, mask)
         finally:
             self.cache.length = n
-        state.used += f
         return self._logits(hidden), carry, vis
 
     # ---- sampling: a chain drawn from the draft's own q ---------------------------------------------------

@@ -2,7 +2,7 @@
 
     session = Session.open("engines/smollm2-135m-eagle3")
     ids = session.encode("Write a haiku", chat=True)
-    result = session.runner.generate(ids, session.decode_options(max_new_tokens=64))
+    result = session.runner.generate(ids, session.decode_config(max_new_tokens=64))
     print(session.tokenizer.decode(result.token_ids))
 """
 
@@ -16,13 +16,16 @@ from pathlib import Path
 import torch
 
 from eagle_trt import private_cache
+from eagle_trt.config import decode
+from eagle_trt.config.decode import DecodeConfig
 from eagle_trt.eos import eos_from_files
 from eagle_trt.errors import CheckpointError, InputError
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.kv_cache import resolve_kv_dtype
 from eagle_trt.models.llama import LlamaTarget
+from eagle_trt.models.weight_cache import layouts_dir
 from eagle_trt.prompt_sources import prompt_ids
-from eagle_trt.runtime.runner import DecodeOptions, Runner
+from eagle_trt.runtime.runner import Runner
 from eagle_trt.tokenizer import load_tokenizer
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -46,7 +49,7 @@ class Session:
         if cfg.backend != "torch":
             # The one module that imports tensorrt_llm: exit 3 with the install hint where it is absent,
             # else generation goes through TensorRT-LLM's LLM API with the same CLI.
-            from eagle_trt.engine.trtllm_backend import TrtllmRunner
+            from eagle_trt.runtime.trtllm_runner import TrtllmRunner
 
             return cls(engine, TrtllmRunner.open(engine), load_tokenizer(engine.tokenizer_dir))
         dtype = DTYPES[cfg.dtype]
@@ -54,9 +57,7 @@ class Session:
         target = LlamaTarget.load(engine.target_dir, dtype, cache=engine.weight_source("target"))
         kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, dtype)
         scales = _kv_scales(Path(engine.root) / "kv_scales.safetensors")
-        # Drafted tree + root + prompt-lookup branches, with room for run-time options above the config's.
-        tree_room = (max(cfg.total_tokens, cfg.max_beam_width * cfg.draft_length, 64) + 1
-                     + max(cfg.lookup_tokens * (cfg.lookup_branches + cfg.datastore_branches), 64))
+        tree_room = decode.tree_room(cfg)  # the KV slots a step's tree may take
         capacity = cfg.max_input_len + cfg.max_output_len + tree_room
         head, drafter = None, None
         if engine.manifest.draft.kind == "model":  # a small LM drafts, with its own KV cache (model_drafter.py)
@@ -99,31 +100,32 @@ class Session:
         Only a tuned.json the manifest lists counts (its hash was checked on open, with verify)."""
         return read_tuned(self.engine.root, self.engine.manifest)
 
-    def decode_options(self, tuned: bool = True, **overrides) -> DecodeOptions:
-        """The engine's tree settings (tuned ones first, unless tuned=False), with any non-None override applied."""
+    def decode_config(self, tuned: bool = True, **request) -> DecodeConfig:
+        """What a request decodes with: the engine's settings, then its tuned ones (unless tuned=False), then the
+        request's own (None = not given), validated once (config/decode.py)."""
         cfg = self.config
-        opts = dict(
-            tree=cfg.tree, draft_length=cfg.draft_length, beam_width=cfg.max_beam_width,
-            total_tokens=cfg.total_tokens, confidence_threshold=cfg.confidence_threshold,
-            static_tree=cfg.static_tree, max_new_tokens=min(128, cfg.max_output_len),
-            lookup_tokens=cfg.lookup_tokens, lookup_branches=cfg.lookup_branches,
-            datastore_branches=cfg.datastore_branches, max_verify_rows=cfg.max_verify_rows,
-            adaptive_lookup=cfg.adaptive_lookup,
-        )
-        if tuned:
-            opts.update(self.tuned)
-        opts.update({k: v for k, v in overrides.items() if v is not None})
-        if opts["max_new_tokens"] > cfg.max_output_len:
-            raise InputError(f"--max-new-tokens {opts['max_new_tokens']} exceeds the engine's max_output_len "
+        request.setdefault("max_new_tokens", None)
+        if request["max_new_tokens"] is None:
+            request["max_new_tokens"] = min(DecodeConfig.model_fields["max_new_tokens"].default, cfg.max_output_len)
+        elif request["max_new_tokens"] > cfg.max_output_len:
+            raise InputError(f"--max-new-tokens {request['max_new_tokens']} exceeds the engine's max_output_len "
                              f"{cfg.max_output_len}; rebuild with a larger max_output_len")
-        if opts["total_tokens"] < opts["draft_length"] and opts["tree"] == "dynamic":
-            raise InputError(f"--total-tokens ({opts['total_tokens']}) must be >= --draft-length ({opts['draft_length']})")
-        return DecodeOptions(**opts)
+        return DecodeConfig.layered(cfg, self.tuned if tuned else {}, request)
 
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
         check_prompt_text(prompt)
         # chat=False: exactly what `tokenizer(prompt).input_ids` gives, special tokens included.
         return prompt_ids(self.tokenizer, prompt, chat)
+
+
+def warm_runtime_layout(engine: Path) -> str | None:
+    """Open a just-built engine once, so the weight cache holds its runtime layout for this machine's kernels and the
+    first `run` here maps it instead of making it (models/weight_cache.py). Returns the kernels' name, or None
+    when the cache is off."""
+    if layouts_dir() is None:
+        return None
+    # Hashed again: a layout is stored only from bytes proven to be the manifest's (models/weight_cache.py).
+    return Session.open(engine, verify=True, just_written=True).runner.target.backend.name
 
 
 def check_prompt_text(prompt: str) -> None:
@@ -141,24 +143,22 @@ def check_prompt_text(prompt: str) -> None:
 TUNED_NAME = "tuned.json"
 TUNED_KEYS = ("tree", "draft_length", "beam_width", "total_tokens", "fallback_after", "lookup_tokens",
               "lookup_branches", "datastore_branches", "max_verify_rows")
-_TUNED_MIN = {"draft_length": 1, "beam_width": 1, "total_tokens": 1, "fallback_after": 0, "lookup_tokens": 0,
-              "lookup_branches": 1, "datastore_branches": 0, "max_verify_rows": 0}
 
 
 def read_tuned(root: str | Path, manifest) -> dict:
-    """The DecodeOptions fields stored by `eagle-trt tune` in root/tuned.json, if the manifest lists it."""
+    """The DecodeConfig fields stored by `eagle-trt tune` in root/tuned.json, if the manifest lists it."""
     if TUNED_NAME not in manifest.files:
         return {}
     path = Path(root) / TUNED_NAME
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         out = {k: data[k] for k in TUNED_KEYS if k in data}
-        ok = all(isinstance(out[k], int) and out[k] >= lo for k, lo in _TUNED_MIN.items() if k in out)
-        ok = ok and out.get("tree", "dynamic") in ("dynamic", "static", "chain")
     except (OSError, ValueError, TypeError, RecursionError) as e:
         raise CheckpointError(f"{path}: unreadable ({e})", hint="rerun `eagle-trt tune`") from None
-    if not ok:
-        raise CheckpointError(f"{path}: bad tuned settings {out}", hint="rerun `eagle-trt tune`")
+    try:
+        DecodeConfig.check_request(out)  # the bounds every decode setting has (config/decode.py)
+    except InputError:
+        raise CheckpointError(f"{path}: bad tuned settings {out}", hint="rerun `eagle-trt tune`") from None
     return out
 
 

@@ -49,6 +49,17 @@ class Expansion:
         self.width = width
         self.used = 0
 
+    def place(self, parent_vis: torch.Tensor, prefix: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Scratch slots for F frontier nodes whose parents see `parent_vis` [F, W]: each node sees the `prefix`
+        committed slots, its ancestors' scratch slots and its own. Returns (the nodes' visibility rows [F, W], their
+        attention mask [F, prefix + used + F], the first slot they take, counted after the prefix)."""
+        f, cur = parent_vis.shape[0], self.used
+        vis = parent_vis.clone()
+        vis[torch.arange(f), torch.arange(cur, cur + f)] = True
+        mask = torch.cat([torch.ones(f, prefix, dtype=torch.bool), vis[:, : cur + f]], dim=1)
+        self.used += f
+        return vis, mask, cur
+
 
 class TreeDrafter:
     needs_features = True

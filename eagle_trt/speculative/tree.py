@@ -20,6 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
+from eagle_trt.config.decode import DEFAULT_STATIC_TREE
+
+__all__ = ["DEFAULT_STATIC_TREE", "StaticLayout", "Tree", "chain_choices", "select_top_nodes", "static_layout",
+           "tree_from_parents", "trim_choices"]
+
 
 class Tree:
     """A draft tree (see the module doc). tokens, parents and depths are built with it; mask and retrieve when first
@@ -112,17 +117,6 @@ def select_top_nodes(
 
 
 # ---- static trees ---------------------------------------------------------------------------------
-
-# A 21-node tree: wide near the root where the draft is least sure, one deep chain where it is most sure.
-DEFAULT_STATIC_TREE: list[list[int]] = [
-    [0], [1], [2], [3],
-    [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0],
-    [0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0], [0, 0, 2],
-    [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 1, 0],
-    [0, 0, 0, 0, 0], [0, 0, 0, 0, 1],
-    [0, 0, 0, 0, 0, 0],
-]
-
 
 def chain_choices(length: int) -> list[list[int]]:
     return [[0] * d for d in range(1, length + 1)]

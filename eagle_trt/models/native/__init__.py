@@ -46,7 +46,7 @@ def library():
         return _state["lib"]
     _state["lib"], _state["why"] = None, "disabled (EAGLE_TRT_NATIVE=0)" if not enabled() else None
     if enabled():
-        from eagle_trt.models.native import isa
+        from eagle_trt.models import isa
 
         try:
             isa.requested()  # a bad EAGLE_TRT_ISA is the user's error (exit 2), not a reason to fall back

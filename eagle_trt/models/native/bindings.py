@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from eagle_trt.models.native.build import CSRC
-from eagle_trt.models.native.isa import BACKENDS
+from eagle_trt.models.isa import BACKENDS
 
 HEADER = CSRC / "kernels.h"
 PREFIX = "eagle_trt_"

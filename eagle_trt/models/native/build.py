@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from eagle_trt.models.native import isa
+from eagle_trt.models import isa
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 SOURCES = sorted(CSRC.glob("*.cpp"))
