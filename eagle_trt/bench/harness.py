@@ -11,9 +11,14 @@ from __future__ import annotations
 
 from typing import Callable
 
-from eagle_trt.bench import stats
-from eagle_trt.bench.methods import BASELINES, REFERENCE, Method
-from eagle_trt.bench.prompts import Prompt
+import torch
+
+from eagle_trt.bench import report, roofline, stats
+from eagle_trt.bench.methods import BASELINES, REFERENCE, Method, build_methods, default_methods
+from eagle_trt.bench.prompts import Prompt, load_prompts
+from eagle_trt.errors import InputError
+from eagle_trt.runtime.session import Session
+
 
 
 def run_bench(methods: list[Method], prompts: list[tuple[Prompt, list[int]]], max_new_tokens: int,
@@ -134,14 +139,6 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
 
     Returns the results dict (also written to out/results.json); results["failures"] lists every
     speculative output that differs from plain AR decoding."""
-
-    import torch
-
-    from eagle_trt.bench import report, roofline
-    from eagle_trt.bench.methods import build_methods, default_methods
-    from eagle_trt.bench.prompts import load_prompts
-    from eagle_trt.errors import InputError
-    from eagle_trt.runtime.session import Session
 
     if repeats < 1:
         raise InputError(f"--repeats must be >= 1, got {repeats}")

@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.table import Table
 
 from eagle_trt.bench.methods import DRAFT_SHARE_METHODS
+from eagle_trt.errors import InputError
 
 
 def _f(x, fmt=".2f", none="–") -> str:
@@ -48,8 +49,6 @@ RESULTS_NAME = "results.json"
 def prepare_out(out: Path, force: bool = False) -> Path:
     """Make sure the results can be written before anything is measured: `out` is created (or is an empty dir, or
     --force lets its files be replaced) and writable. A bad --out is a one-line input error, never a lost run."""
-    from eagle_trt.errors import InputError
-
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} exists and is not a directory; choose a new results dir")

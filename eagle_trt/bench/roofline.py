@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from eagle_trt.bench.methods import DRAFT_SHARE_METHODS
 from eagle_trt.bench.stats import median_seconds
+from eagle_trt.models.gemm import INVARIANT_ROWS
 
 
 def copy_bandwidth(megabytes: int = 256, reps: int = 5) -> float:
@@ -63,8 +65,6 @@ def default_sizes(limit: int) -> list[int]:
 
     33 and 65 sit one row past a chunk of the bf16 projections (`INVARIANT_ROWS`), where the cost jumps by a
     pass over the weights: without them the curve would spread that jump over 32..48 and 64..96."""
-    from eagle_trt.models.gemm import INVARIANT_ROWS
-
     base = sorted({1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, INVARIANT_ROWS + 1, 2 * INVARIANT_ROWS + 1})
     return [s for s in base if s <= limit] + ([limit] if limit not in base and limit > 1 else [])
 
@@ -91,8 +91,6 @@ def derive(machine: dict, summary: dict) -> dict:
             out[f"{name}_fraction_of_roofline"] = summary[name]["tokens_per_second"]["median"] / roof
     if 1 in curve and 16 in curve and curve[1] > 0:
         out["forward_16_over_1"] = curve[16] / curve[1]
-    from eagle_trt.bench.methods import DRAFT_SHARE_METHODS
-
     for name in DRAFT_SHARE_METHODS:
         share = summary.get(name, {}).get("draft_share")
         if share is not None:

@@ -11,6 +11,7 @@ Everything here takes plain numbers and lists, so it is unit-tested without a mo
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 
 
@@ -103,8 +104,6 @@ def interpolate(curve: dict[int, float], x: float) -> float:
 
 def median_seconds(fn, reps: int, warmup: int = 1) -> float:
     """Median wall time of `fn()` over `reps` calls, after `warmup` untimed calls."""
-    import time
-
     for _ in range(warmup):
         fn()
     times = []

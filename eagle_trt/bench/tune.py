@@ -46,6 +46,10 @@ from typing import Callable
 import torch
 
 from eagle_trt.bench.stats import interpolate, median_seconds
+from eagle_trt.bench.harness import run_bench
+from eagle_trt.bench.methods import OursMethod
+from eagle_trt.bench.prompts import Prompt
+from eagle_trt.bench.roofline import default_sizes, forward_curve
 from eagle_trt.bench.tune_choice import (
     LOOKUP_OFF,
     Setting,
@@ -59,16 +63,14 @@ from eagle_trt.bench.tune_choice import (
 )
 from eagle_trt.bench.tune_replay import calibrate
 from eagle_trt.config.decode import DecodeConfig, copied_room, drafted_room
+from eagle_trt.runtime.proposers import grafted
+from eagle_trt.speculative.lookup import NgramIndex, copied_chains
 
 
 def measure_costs(session, state: dict, settings: list[Setting], reps: int = 3,
                   grid: list[tuple[int, int, int]] = (), max_rows: float = 0.0) -> dict:
     """draft ms per (k, d), extend ms per accepted count, verify ms per tree size (up to the largest tree plus
     `max_rows` copied rows), and ms to find and graft the copies of each lookup setting of `grid` (all medians)."""
-    from eagle_trt.bench.roofline import default_sizes, forward_curve
-    from eagle_trt.runtime.proposers import grafted
-    from eagle_trt.speculative.lookup import NgramIndex, copied_chains
-
     runner = session.runner
     drafter = runner.drafter
     seq, aux, n = state["seq"], state["aux"], state["root"]
@@ -145,10 +147,6 @@ def measure_end_to_end(session, encoded: list[list[int]], max_new_tokens: int, s
     Returns {"ar": tok/s (median), "variants": {(Setting, fallback): {"tokens_per_second", "tau"}},
     "mismatches": [(Setting, fallback), ...]}; a mismatch is a run whose output differs from AR on some
     prompt (a lossless-ness failure)."""
-    from eagle_trt.bench.harness import run_bench
-    from eagle_trt.bench.methods import OursMethod
-    from eagle_trt.bench.prompts import Prompt
-
     runs = {run_name(s, f): (s, f) for s in settings for f in dict.fromkeys(fallbacks)}
     methods = [OursMethod("ar", session.runner, session.decode_config(mode="ar", tuned=False))]
     methods += [OursMethod(name, session.runner, session.decode_config(

@@ -7,12 +7,14 @@ import os
 import tempfile
 from pathlib import Path
 
+from eagle_trt.engine.manifest import MANIFEST_NAME, FileEntry, read_manifest, sha256_file, write_manifest
+from eagle_trt.errors import InputError
+from eagle_trt.runtime.session import TUNED_NAME
+
 
 def check_writable(engine_root: str | Path) -> None:
     """Fail before anything is measured when tuned.json could not be stored in the engine dir (read-only, not
     ours): a probe file is made and removed, which is what the store will do."""
-    from eagle_trt.errors import InputError
-
     root = Path(engine_root)
     try:
         fd, probe = tempfile.mkstemp(dir=root, prefix=".tune-probe-", suffix=".tmp")
@@ -40,9 +42,6 @@ def store_tuned(engine_root: str | Path, best: dict, info: dict | None = None) -
     """Write engine_root/tuned.json and list it (sha256 + size) in manifest.json, both atomically.
 
     Session.decode_config then prefers these settings over the build config's."""
-    from eagle_trt.engine.manifest import MANIFEST_NAME, FileEntry, read_manifest, sha256_file, write_manifest
-    from eagle_trt.runtime.session import TUNED_NAME
-
     root = Path(engine_root)
     manifest = read_manifest(root)
     data = {"tree": "dynamic", "beam_width": int(best["beam_width"]), "draft_length": int(best["draft_length"]),

@@ -69,20 +69,6 @@ def apply_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def check_lookup(tokens: int | None, branches: int | None, datastore_branches: int | None = None) -> None:
-    """--lookup-tokens / --lookup-branches / --datastore-branches (None = the engine's) within the config
-    schema's bounds."""
-    from eagle_trt.config.schema import MAX_LOOKUP_BRANCHES, MAX_LOOKUP_TOKENS
-    from eagle_trt.errors import InputError
-
-    if tokens is not None and not 0 <= tokens <= MAX_LOOKUP_TOKENS:
-        raise InputError(f"--lookup-tokens must be in [0, {MAX_LOOKUP_TOKENS}], got {tokens}")
-    if branches is not None and not 1 <= branches <= MAX_LOOKUP_BRANCHES:
-        raise InputError(f"--lookup-branches must be in [1, {MAX_LOOKUP_BRANCHES}], got {branches}")
-    if datastore_branches is not None and not 0 <= datastore_branches <= MAX_LOOKUP_BRANCHES:
-        raise InputError(f"--datastore-branches must be in [0, {MAX_LOOKUP_BRANCHES}], got {datastore_branches}")
-
-
 def require_engine(engine) -> None:
     """The one check every engine command makes before loading anything."""
     from pathlib import Path as _Path

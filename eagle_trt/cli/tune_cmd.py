@@ -13,7 +13,6 @@ from eagle_trt.cli.common import (
     JsonOpt,
     SkipVerifyOpt,
     apply_threads,
-    check_lookup,
     console,
     err_console,
     handle_errors,
@@ -21,6 +20,7 @@ from eagle_trt.cli.common import (
     print_wide,
     require_engine,
 )
+from eagle_trt.config.decode import DecodeConfig
 from eagle_trt.errors import EagleError, InputError
 
 
@@ -146,12 +146,10 @@ def _checked_options(max_new_tokens, max_depth, limit, validate, validate_repeat
     lookup_tokens, lookup_branches, datastore_branches, caps = lists
     if any(c < 0 for c in caps):
         raise InputError(f"--max-verify-rows must list integers >= 0 (0 = no cap), got {lookup[3]!r}")
-    for t in lookup_tokens:
-        check_lookup(t, None)
-    for b in lookup_branches:
-        check_lookup(None, b)
-    for b in datastore_branches:
-        check_lookup(None, None, b)
+    for name, values in (("lookup_tokens", lookup_tokens), ("lookup_branches", lookup_branches),
+                         ("datastore_branches", datastore_branches)):
+        for value in values:
+            DecodeConfig.check_request({name: value})  # each candidate within the one declared bounds
     if not beam_list or min(beam_list) < 1:
         raise InputError(f"--beams must list integers >= 1, got {beams!r}")
     return beam_list, lists

@@ -18,14 +18,19 @@ import torch
 from eagle_trt import private_cache
 from eagle_trt.config import decode
 from eagle_trt.config.decode import DecodeConfig
+from eagle_trt.engine.datastore_file import DATASTORE_NAME, read_datastore
+from eagle_trt.engine.engine_dir import EngineDir, open_engine
 from eagle_trt.eos import eos_from_files
 from eagle_trt.errors import CheckpointError, InputError
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.kv_cache import resolve_kv_dtype
 from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.models.weight_cache import layouts_dir
+from eagle_trt.models.weights import load_safetensors
 from eagle_trt.prompt_sources import prompt_ids
+from eagle_trt.runtime.model_drafter import DraftModel, ModelDrafter
 from eagle_trt.runtime.runner import Runner
+from eagle_trt.runtime.trtllm_runner import TrtllmRunner
 from eagle_trt.tokenizer import load_tokenizer
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -33,7 +38,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 @dataclass
 class Session:
-    engine: object  # eagle_trt.engine.engine_dir.EngineDir
+    engine: EngineDir
     runner: Runner
     tokenizer: object
 
@@ -41,16 +46,12 @@ class Session:
     def open(cls, engine_path: str | Path, verify: bool = True, device: str = "cpu",
              just_written: bool = False) -> "Session":
         """just_written: `build` opening the engine it wrote a moment ago (see `open_engine`)."""
-        from eagle_trt.engine.engine_dir import open_engine
-
         private_cache.check_settings()  # a bad cache setting fails before anything loads
         engine = open_engine(engine_path, verify=verify, just_written=just_written)
         cfg = engine.config
         if cfg.backend != "torch":
-            # The one module that imports tensorrt_llm: exit 3 with the install hint where it is absent,
-            # else generation goes through TensorRT-LLM's LLM API with the same CLI.
-            from eagle_trt.runtime.trtllm_runner import TrtllmRunner
-
+            # Exit 3 with the install hint where TensorRT-LLM is absent, else generation goes through its LLM API
+            # with the same CLI (runtime/trtllm_runner.py).
             return cls(engine, TrtllmRunner.open(engine), load_tokenizer(engine.tokenizer_dir))
         dtype = DTYPES[cfg.dtype]
         # The weights' runtime layout for this machine, made once and mapped afterwards (models/weight_cache.py).
@@ -61,8 +62,6 @@ class Session:
         capacity = cfg.max_input_len + cfg.max_output_len + tree_room
         head, drafter = None, None
         if engine.manifest.draft.kind == "model":  # a small LM drafts, with its own KV cache (model_drafter.py)
-            from eagle_trt.runtime.model_drafter import DraftModel, ModelDrafter
-
             draft = DraftModel.load(engine.draft_dir, dtype, cache=engine.weight_source("draft"), role="draft-model")
             drafter = ModelDrafter(draft, capacity, target.spec.vocab_size, kv_dtype)
         else:
@@ -164,8 +163,6 @@ def read_tuned(root: str | Path, manifest) -> dict:
 
 def _datastore(draft_dir: Path, vocab_size: int):
     """The draft's lookup datastore (draft/datastore.safetensors), or None when the engine has none."""
-    from eagle_trt.engine.datastore_file import DATASTORE_NAME, read_datastore
-
     path = draft_dir / DATASTORE_NAME
     return read_datastore(path, vocab_size) if path.is_file() else None
 
@@ -174,8 +171,6 @@ def _kv_scales(path: Path) -> dict[str, torch.Tensor]:
     """FP8 KV scales: target.k_scales / target.v_scales [num_layers], draft.* [1]; {} when absent."""
     if not path.is_file():
         return {}
-    from eagle_trt.models.weights import load_safetensors
-
     return load_safetensors(path)
 
 

@@ -23,8 +23,8 @@ namespace {
 using namespace eagle_trt;
 
 // Rows below which a call stays on the calling thread: one decoding row takes less time than waking the pool's
-// threads; a 16-row verify pass gains from the split (`kernel_timings.py --parts`: about 0.3 ms a forward at 8
-// against 64). The split changes no bit: rows are independent.
+// threads, and a 16-row verify pass gains from the split (docs/bench.md, `kernel_timings.py --parts`). The split
+// changes no bit: rows are independent.
 constexpr int64_t kParallelRows = 8;
 // The RoPE kernel stages a biased qkv row on its stack: (heads + 2 kv heads) * head_dim up to this many elements.
 constexpr int64_t kMaxBiasedRow = 8192 + 3 * 1024;
