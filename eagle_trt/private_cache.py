@@ -189,6 +189,7 @@ def stamp(path: Path) -> list[int]:
 def max_bytes() -> int:
     """The layouts' size cap from $EAGLE_TRT_WEIGHT_CACHE_MAX (default 16GiB); 0 keeps no layouts. Anything that is
     not a size is an InputError naming the variable."""
+    # Imported here: safetensors_stream imports torch (over a second), and `inspect` loads this module without it.
     from eagle_trt.safetensors_stream import parse_size
 
     text = os.environ.get(MAX_ENV, "").strip() or DEFAULT_MAX

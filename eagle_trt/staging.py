@@ -21,6 +21,8 @@ import signal
 import threading
 from pathlib import Path
 
+from eagle_trt.errors import InputError
+
 _STOPS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -58,8 +60,6 @@ def signals_deferred():
 def check_apart(source: str | Path, out: Path, what: str) -> None:
     """Replacing OUT must not delete or write into an input: refuse an OUT that is the input, holds it, or lies
     inside it (whatever --force says). InputError naming both."""
-    from eagle_trt.errors import InputError
-
     src, dst = Path(source).expanduser().resolve(), Path(out).expanduser().resolve()
     if src == dst or dst in src.parents or src in dst.parents:
         where = "is" if src == dst else "holds" if dst in src.parents else "lies inside"

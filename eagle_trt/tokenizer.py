@@ -20,6 +20,12 @@ from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as Backend
+
 from eagle_trt.errors import CheckpointError
 
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -43,8 +49,6 @@ class Tokenizer:
 
     @classmethod
     def load(cls, directory: str | Path) -> "Tokenizer":
-        from tokenizers import Tokenizer as Backend
-
         directory = Path(directory)
         try:
             backend = Backend.from_file(str(directory / "tokenizer.json"))
@@ -94,10 +98,6 @@ class Tokenizer:
 
     @cached_property
     def _compiled(self):
-        import jinja2
-        from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
         def raise_exception(message):
             raise jinja2.exceptions.TemplateError(message)
 
@@ -115,9 +115,6 @@ class Tokenizer:
 def _generation_tag():
     """`{% generation %}...{% endgeneration %}` (templates that mark assistant turns for training masks) renders its
     body unchanged, as transformers does when it is not tracking those turns."""
-    from jinja2 import nodes
-    from jinja2.ext import Extension
-
     class GenerationTag(Extension):
         tags = {"generation"}
 
@@ -151,6 +148,7 @@ def load_tokenizer(directory: str | Path):
     directory = Path(directory)
     if (directory / "tokenizer.json").is_file():
         return Tokenizer.load(directory)
+    # Imported here: transformers takes seconds to import; only a dir without tokenizer.json needs it.
     from transformers import AutoTokenizer
 
     try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagle_trt.tokenizer import SPECIAL_KEYS
+from eagle_trt.tokenizer import SPECIAL_KEYS, Tokenizer
 
 
 def first_difference(target_vocab: dict[str, int], target_specials: dict[str, str | None],
@@ -43,8 +43,6 @@ def hf_tokenizer_terms(tokenizer) -> tuple[dict[str, int], dict[str, str | None]
 
 def saved_tokenizer_terms(directory: str | Path) -> tuple[dict[str, int], dict[str, str | None]]:
     """(vocabulary, special tokens by role) of a saved tokenizer dir (tokenizer.json + tokenizer_config.json)."""
-    from eagle_trt.tokenizer import Tokenizer
-
     tok = Tokenizer.load(directory)
     specials = {role: tok.special_tokens_map.get(role) for role in SPECIAL_KEYS}
     return dict(tok.backend.get_vocab(with_added_tokens=True)), specials

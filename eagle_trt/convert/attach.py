@@ -18,11 +18,16 @@ import contextlib
 import importlib
 import sys
 
+import torch
+
+from eagle_trt.errors import InputError
+
 DRAFT_INIT_SEED = 0
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
     """modelopt's EAGLE-3 default: layers near the start, middle and end (deduplicated)."""
+    # Imported here: an optional dependency (modelopt), absent unless the convert extra is installed.
     from modelopt.torch.speculative.plugins.hf_eagle import default_eagle_aux_layer_ids
 
     return default_eagle_aux_layer_ids(num_layers)
@@ -41,8 +46,6 @@ def _rope(config) -> tuple[float, dict]:
 
 def eagle3_architecture(config, draft_vocab_size: int | None = None) -> dict:
     """The `eagle_architecture_config` for a target HF config (merged over modelopt's defaults)."""
-    from eagle_trt.errors import InputError
-
     vocab = config.vocab_size
     draft_vocab = vocab if draft_vocab_size is None else int(draft_vocab_size)
     if not 1 <= draft_vocab <= vocab:
@@ -83,7 +86,7 @@ def attach_eagle3(model, draft_vocab_size: int | None = None, seed: int = DRAFT_
     always give the same untrained head. With a reduced draft vocab, `d2t` is all zeros: draft token
     i maps to target token i + d2t[i] = i until training fills in a frequency-based mapping.
     """
-    import torch
+    # Imported here: an optional dependency (modelopt), absent unless the convert extra is installed.
     import modelopt.torch.speculative as mtsp
 
     config = {

@@ -15,8 +15,15 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
-from eagle_trt.models.kv_cache import FP8_MAX, KVCache
+from eagle_trt.config.decode import DecodeConfig
+from eagle_trt.models.draft_head import Eagle3DraftHead
+from eagle_trt.models.kv_cache import FP8, FP8_MAX, KVCache
+from eagle_trt.models.llama import LlamaTarget
+from eagle_trt.models.weights import load_safetensors
+from eagle_trt.runtime.drafter import Drafter
+from eagle_trt.runtime.runner import Runner
 
 KV_SCALES_FILE = "kv_scales.safetensors"
 MARGIN = 1.0  # headroom factor on amax; 1.0 = clip exactly at the calibrated max
@@ -44,9 +51,6 @@ def _scales(amax: torch.Tensor) -> torch.Tensor:
 @torch.inference_mode()
 def load_models(checkpoint: str | Path):
     """(target, head) of a checkpoint in fp32, loaded once for calibration and the agreement check."""
-    from eagle_trt.models.draft_head import Eagle3DraftHead
-    from eagle_trt.models.llama import LlamaTarget
-
     target = LlamaTarget.load(Path(checkpoint) / "target")
     head = Eagle3DraftHead.load(Path(checkpoint) / "draft", target)
     target.aux_layer_ids = list(head.spec.aux_layer_ids)
@@ -56,10 +60,6 @@ def load_models(checkpoint: str | Path):
 def calibrate_kv_scales(checkpoint: str | Path, prompts: list[list[int]], new_tokens: int = 32,
                         models=None) -> dict:
     """Run the calibration prompts through target and head; write CKPT/kv_scales.safetensors atomically."""
-    from safetensors.torch import save_file
-
-    from eagle_trt.runtime.drafter import Drafter
-
     ckpt = Path(checkpoint)
     target, head = models or load_models(ckpt)
     s, d = target.spec, head.spec
@@ -103,11 +103,6 @@ def calibrate_kv_scales(checkpoint: str | Path, prompts: list[list[int]], new_to
 @torch.inference_mode()
 def fp8_agreement(checkpoint: str | Path, prompts: list[list[int]], new_tokens: int = 64, models=None) -> dict:
     """Greedy decoding with an FP8 KV cache (calibrated scales) against fp32 KV: token agreement and bytes."""
-    from eagle_trt.models.kv_cache import FP8
-    from eagle_trt.models.weights import load_safetensors
-    from eagle_trt.config.decode import DecodeConfig
-    from eagle_trt.runtime.runner import Runner
-
     ckpt = Path(checkpoint)
     scales = load_safetensors(ckpt / KV_SCALES_FILE)
     target, head = models or load_models(ckpt)

@@ -28,6 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
 from eagle_trt.errors import InputError
 from eagle_trt.prompt_sources import MESSAGES_RULE, as_ids, chat_ids, humaneval_problems, read_jsonl, valid_messages
 
@@ -189,8 +193,6 @@ def chunk(ids: list[int], seq_len: int, min_len: int = MIN_CHUNK) -> list[list[i
 def regenerate(model, tokenizer, prompts: list[list[int]], max_new_tokens: int = 256, batch_size: int = 8,
                progress: bool = True) -> list[list[int]]:
     """Greedy answers of the target to every prompt (prompt tokens excluded, EOS kept)."""
-    import torch
-
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos if eos is not None else 0)
     device = next(model.parameters()).device
@@ -230,9 +232,6 @@ class _NoBar:
 
 class _Bar:
     def __init__(self, description: str, total: int):
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
         self.p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                           console=Console(stderr=True), transient=False)
         self.description, self.total = description, total

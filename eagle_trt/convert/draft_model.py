@@ -16,15 +16,19 @@ the larger of the two sets the peak memory. No FP8 KV scales are calibrated: an 
 from __future__ import annotations
 
 import gc
+import json
 from pathlib import Path
 
 from eagle_trt.errors import InputError
-
+from eagle_trt.models.spec import TargetSpec
+from eagle_trt.safetensors_stream import parse_size
 from eagle_trt.staging import check_apart
+from eagle_trt.tokenizer_match import first_difference, hf_tokenizer_terms
 
 from .export import check_output_dir, staged_output, write_manifest, write_target
 from .load_target import load_target, load_tokenizer
 from .result import ConvertResult
+from .stages import Stages, versions
 
 # A draft model is small: its weights stay one model.safetensors, the file a checkpoint's and an engine's draft/ holds.
 ONE_FILE = 1 << 62
@@ -35,8 +39,6 @@ _HEAD_OPTIONS = {"steps": "--steps", "epochs": "--epochs", "data": "--data", "he
 
 def check_tokenizers(target_path, draft_path) -> None:
     """InputError naming the first difference unless both models' tokenizers agree."""
-    from eagle_trt.tokenizer_match import first_difference, hf_tokenizer_terms
-
     diff = first_difference(*hf_tokenizer_terms(load_tokenizer(target_path)),
                             *hf_tokenizer_terms(load_tokenizer(draft_path)))
     if diff is not None:
@@ -48,10 +50,6 @@ def check_tokenizers(target_path, draft_path) -> None:
 def convert_with_draft_model(model_path, draft_path, output_dir, overwrite: bool = False, progress: bool = True,
                              head_options: dict | None = None, max_shard_size: str | int = "5GB"):
     """Write OUT with the target and the draft model (see the module doc); returns a ConvertResult."""
-    from eagle_trt.safetensors_stream import parse_size
-
-    from .stages import Stages, versions
-
     try:
         shard_bytes = {"target": parse_size(max_shard_size), "draft": ONE_FILE}
     except ValueError as e:
@@ -87,8 +85,4 @@ def convert_with_draft_model(model_path, draft_path, output_dir, overwrite: bool
 
 def _check_draft_config(path: Path) -> None:
     """The runtime must be able to run the written draft (its architecture and shapes parse)."""
-    import json
-
-    from eagle_trt.models.spec import TargetSpec
-
     TargetSpec.from_hf_config(json.loads(path.read_text(encoding="utf-8")), str(path))

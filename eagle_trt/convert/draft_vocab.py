@@ -13,6 +13,11 @@ modelopt and the EAGLE-3 reference release use: d2t is then non-decreasing and >
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import tempfile
+from pathlib import Path
+
 import torch
 
 
@@ -69,11 +74,6 @@ def load_d2t(model, d2t: torch.Tensor) -> None:
     """Copy d2t into a modelopt EAGLE model's `eagle_module.d2t` buffer (no-op at full vocab).
 
     Goes through modelopt's own loader (`load_draft_vocab_cache`), which checks shape and dtype."""
-    import contextlib
-    import sys
-    import tempfile
-    from pathlib import Path
-
     cfg = model.eagle_config
     if cfg.draft_vocab_size >= cfg.vocab_size:
         return

@@ -97,6 +97,7 @@ def _target_config(model):
 
 def write_draft(model, draft_dir: Path) -> dict:
     """Export the EAGLE-3 head with modelopt, complete its config.json, and return that config."""
+    # Imported here: transformers takes seconds to import, and convert checks its inputs before that.
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()

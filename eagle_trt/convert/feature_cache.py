@@ -19,9 +19,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from .data import _progress
 
 CACHE_FORMAT = "eagle-trt-feature-cache/1"
 SHARD_TOKENS = 1 << 16
@@ -31,8 +36,6 @@ class FeatureCache:
     """Read side of the cache: padded training batches by sequence index."""
 
     def __init__(self, cache_dir: str | Path):
-        from safetensors import safe_open
-
         self.dir = Path(cache_dir)
         self.meta = json.loads((self.dir / "meta.json").read_text())
         self._files = [safe_open(str(self.dir / name), framework="pt") for name in self.meta["shards"]]
@@ -40,8 +43,6 @@ class FeatureCache:
         for s, f in enumerate(self._files):
             off = f.get_tensor("offsets").tolist()
             self._index += [(s, off[j], off[j + 1]) for j in range(len(off) - 1)]
-        from safetensors.torch import load_file
-
         counts = load_file(str(self.dir / "counts.safetensors"))
         self.predicted_counts, self.seen_counts = counts["predicted"], counts["seen"]
 
@@ -110,12 +111,6 @@ def build_feature_cache(model, sequences: list[list[int]], aux_layer_ids: list[i
                         key: str, batch_size: int = 4, dtype: torch.dtype = torch.bfloat16,
                         progress: bool = True) -> FeatureCache:
     """Run the plain HF target once over `sequences` and write the cache (see the module doc)."""
-    import shutil
-
-    from safetensors.torch import save_file
-
-    from .data import _progress
-
     cache_dir = Path(cache_dir)
     if cache_dir.exists():
         shutil.rmtree(cache_dir)
@@ -185,8 +180,6 @@ def _padded(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
 def _write_shard(cache_dir: Path, pending: list[dict[str, torch.Tensor]], shards: list[str]) -> None:
     """The pending sequences as the next shard (concatenated, with their offsets); appends its name, empties
     pending."""
-    from safetensors.torch import save_file
-
     if not pending:
         return
     lengths = [p["input_ids"].shape[0] for p in pending]

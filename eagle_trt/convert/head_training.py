@@ -11,9 +11,13 @@ from typing import Callable
 
 from eagle_trt.engine.datastore_file import DATASTORE_NAME, write_datastore
 
-from .attach import attach_eagle3
+from .attach import attach_eagle3, default_aux_layer_ids
+from .data import Dataset, build_dataset
+from .device import training_matmul
+from .draft_vocab import d2t_from_vocab, load_d2t, ranking, select_draft_vocab
 from .export import write_draft
 from .stages import Stages
+from .train import build_feature_cache, load_feature_cache, run_config_dict, train_head
 
 
 DATASET_FORMAT = "eagle-trt-dataset/1"
@@ -43,8 +47,6 @@ def _data_key(model_path, data, **settings) -> str:
 
 
 def _load_or_build_dataset(work: Path, key: str, build: Callable):
-    from .data import Dataset
-
     path = work / "dataset.json"
     try:
         saved = json.loads(path.read_text())
@@ -65,8 +67,6 @@ def attach_and_train(model, tokenizer, info, stage: Path, stages: Stages, work: 
                       draft_vocab_size: int | None, eos: list[int]) -> tuple[dict, dict, list]:
     """Attach the EAGLE-3 head with modelopt, train it if `train` (the training options) says so, export it to
     stage/draft. Returns (draft config, training summary ({} untrained), held-out prompt ids)."""
-    from .device import training_matmul
-
     training: dict = {}
     dataset = d2t = cache = None
     if train:
@@ -79,9 +79,6 @@ def attach_and_train(model, tokenizer, info, stage: Path, stages: Stages, work: 
         # On the CPU: the head's seeded initialisation is then the same whatever device trains it.
         model = attach_eagle3(model.cpu(), draft_vocab_size)
     if train:
-        from .draft_vocab import load_d2t
-        from .train import run_config_dict, train_head
-
         if d2t is not None:
             load_d2t(model, d2t)
         run_on = train["run_on"]
@@ -110,12 +107,6 @@ def attach_and_train(model, tokenizer, info, stage: Path, stages: Stages, work: 
 def _prepare_training(model, tokenizer, info, data, work: Path, stages: Stages, progress: bool, *, seq_len,
                       batch_size, regenerate, max_new_tokens, val_prompts, draft_vocab_size, eos):
     """Dataset (cached in the work dir), target feature cache, and d2t (None at full vocab)."""
-    from .attach import default_aux_layer_ids
-    from .data import build_dataset
-    from .device import training_matmul
-    from .draft_vocab import d2t_from_vocab, ranking, select_draft_vocab
-    from .train import build_feature_cache, load_feature_cache
-
     key = _data_key(info.path, data, seq_len=seq_len, regenerate=regenerate,
                     max_new_tokens=max_new_tokens if regenerate else None, val_prompts=val_prompts)
     with stages.stage("data", "Preparing training data", spinner=not regenerate):

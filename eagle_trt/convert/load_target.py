@@ -16,6 +16,9 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+from safetensors import safe_open
+
 from eagle_trt.architectures import check_window, family_of_type
 from eagle_trt.errors import CheckpointError, InputError, MissingDependencyError
 from eagle_trt.safetensors_stream import tensor_locations
@@ -47,8 +50,6 @@ def _check_supported(arch: str, path: Path) -> None:
 
 def _check_safetensors(path: Path) -> None:
     """Parse the header; safetensors also verifies the data section covers every tensor."""
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="pt") as f:
             f.keys()
@@ -102,6 +103,7 @@ def _check_hf_dir(path: Path) -> str:
 
 def _check_gguf(path: Path) -> str:
     """Parse the GGUF header and tensor table; return the architecture it declares."""
+    # Imported here: gguf is needed only for .gguf targets (an optional dependency in practice).
     import gguf
 
     try:
@@ -139,6 +141,7 @@ def _source(model_path: str | Path) -> tuple[Path, str, str, dict]:
         source, extra = str(path), {"use_safetensors": True}
     elif path.is_file() and path.suffix.lower() == ".gguf":
         fmt, _ = "gguf", _check_gguf(path)
+        # Imported here: transformers takes seconds to import, and the cheap checks must fail before that.
         from transformers.utils import is_accelerate_available
 
         if not is_accelerate_available():  # transformers refuses GGUF loading without it
@@ -161,6 +164,7 @@ def load_tokenizer(model_path: str | Path):
 
 
 def _tokenizer(path: Path, fmt: str, source: str, extra: dict):
+    # Imported here: transformers takes seconds to import, and the cheap checks must fail before that.
     from transformers import AutoTokenizer
 
     try:
@@ -172,7 +176,7 @@ def _tokenizer(path: Path, fmt: str, source: str, extra: dict):
 
 def load_target(model_path: str | Path):
     """Load MODEL (HF dir or .gguf) as an fp32 causal LM. Returns (model, tokenizer, SourceInfo)."""
-    import torch
+    # Imported here: transformers takes seconds to import, and the cheap checks must fail before that.
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 

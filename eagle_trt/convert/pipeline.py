@@ -27,9 +27,9 @@ continues from it.
 from __future__ import annotations
 
 import gc
+import importlib.util
 import json
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -37,15 +37,20 @@ from eagle_trt.engine.datastore_file import DATASTORE_NAME
 from eagle_trt.eos import eos_token_ids
 from eagle_trt.errors import InputError, MissingDependencyError
 from eagle_trt.safetensors_stream import parse_size
-
-from .attach import import_modelopt
 from eagle_trt.staging import check_apart
 
+from .attach import import_modelopt
+from .calibrate import calibrate_kv_scales, fp8_agreement, load_models
+from .data import check_specs
+from .device import resolve_device
+from .draft_model import convert_with_draft_model
 from .export import check_output_dir, staged_output, write_manifest, write_target
 from .head_training import attach_and_train
 from .load_target import load_target
 from .result import ConvertResult
 from .stages import Stages, versions
+from .train import TrainConfig
+from .validate import checkpoint_report, fallback_prompt_ids, write_report
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
@@ -56,8 +61,6 @@ def _eos_ids(model, tokenizer) -> list[int]:
 def _ship_head(stage: Path, tokenizer, info, head: Path, stages, calibrate_kv: bool) -> dict:
     """The checkpoint's draft = an already trained head (copied, then loaded by the runtime with the written target
     to prove it fits; that load also serves the KV calibration). Returns convert.json's content."""
-    from .calibrate import load_models
-
     with stages.stage("head", f"Copying trained head from {head}"):
         (stage / "draft").mkdir()
         for name in ("config.json", "model.safetensors", DATASTORE_NAME):
@@ -81,8 +84,6 @@ def _ship_head(stage: Path, tokenizer, info, head: Path, stages, calibrate_kv: b
 
 def require_modelopt() -> None:
     """Attaching and training a head needs NVIDIA modelopt, an optional extra since TensorRT-LLM pins its own."""
-    import importlib.util
-
     if importlib.util.find_spec("modelopt") is None:
         raise MissingDependencyError("convert attaches the EAGLE-3 head with NVIDIA modelopt, which is not installed",
                                      hint="pip install 'eagle-trt[convert]' (or ship a trained head with --head)")
@@ -102,8 +103,6 @@ def _check_options(*, steps, epochs, data, head, draft_vocab_size, seq_len, max_
     train = steps > 0 or epochs is not None
     cfg = None
     if train:
-        from .train import TrainConfig
-
         if steps > 0 and epochs is not None:
             raise InputError("give either --steps or --epochs, not both")
         if not data:
@@ -112,8 +111,6 @@ def _check_options(*, steps, epochs, data, head, draft_vocab_size, seq_len, max_
             raise InputError(f"--seq-len must be >= 8; got {seq_len}")
         cfg = TrainConfig(steps=steps or None, epochs=epochs, **train_options)
         cfg.validate()
-        from .data import check_specs
-
         check_specs(data)
     elif data:
         raise InputError("--data is only used for training: add --steps N or --epochs N")
@@ -165,8 +162,6 @@ def convert_model(
     everything written is on the CPU (see `device.py`). `draft_model`: draft with that small LM instead of a head
     (`draft_model.py`)."""
     if draft_model is not None:
-        from .draft_model import convert_with_draft_model
-
         return convert_with_draft_model(model_path, draft_model, output_dir, overwrite, progress, dict(
             steps=steps, epochs=epochs, data=data, head=head, draft_vocab_size=draft_vocab_size), max_shard_size)
     train, cfg, head, max_shard_bytes = _check_options(
@@ -222,8 +217,6 @@ def _prepare(model_path, output_dir, overwrite: bool, head: Path | None, train: 
     if head is None:
         require_modelopt()
         import_modelopt()  # before the model loads: see attach.import_modelopt
-    from .device import resolve_device
-
     run_on = resolve_device(device) if train else None
     out = check_output_dir(output_dir, overwrite)
     check_apart(model_path, out, "the model being converted")
@@ -266,9 +259,6 @@ def _draft_manifest(info, steps: int, draft_config: dict, training: dict, val_pr
 
 def _calibrate(stage: Path, tokenizer, prompts, stages: Stages, models=None) -> dict:
     """FP8 KV scales for target and head (CKPT/kv_scales.safetensors) + what FP8 KV keeps of greedy output."""
-    from .calibrate import calibrate_kv_scales, fp8_agreement, load_models
-    from .validate import fallback_prompt_ids
-
     prompts = list(prompts) or fallback_prompt_ids(tokenizer)
     with stages.stage("calibrate", f"Calibrating FP8 KV scales on {len(prompts)} prompts"):
         models = models or load_models(stage)
@@ -279,8 +269,6 @@ def _calibrate(stage: Path, tokenizer, prompts, stages: Stages, models=None) -> 
 
 def _validate(stage: Path, tokenizer, prompts, training: dict, max_new_tokens: int, stages: Stages) -> dict:
     """tau of the exported head on the held-out prompts; writes OUT/report.json and prints it."""
-    from .validate import checkpoint_report, write_report
-
     which = f"{len(prompts)} held-out" if prompts else "the built-in"
     with stages.stage("validate", f"Measuring acceptance length on {which} prompts"):
         report = checkpoint_report(stage, tokenizer, prompts, training, max_new_tokens)

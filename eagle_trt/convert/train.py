@@ -30,6 +30,9 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 
 from eagle_trt.errors import InputError
 from eagle_trt.staging import Terminated
@@ -162,10 +165,6 @@ class TrainingInterrupted(KeyboardInterrupt):
 def _train_bar(enabled: bool):
     if not enabled:
         return None
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-
     return Progress(
         TextColumn("Training head"), BarColumn(), MofNCompleteColumn(),
         TextColumn("loss [bold]{task.fields[loss]:.3f}[/] top-1 [bold]{task.fields[acc]:.1%}[/]"),

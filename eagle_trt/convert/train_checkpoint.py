@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from eagle_trt.errors import CheckpointError
 
@@ -27,8 +29,6 @@ def _trainable(model) -> list[tuple[str, torch.nn.Parameter]]:
 
 def save_checkpoint(path: str | Path, model, optimizer, step: int, config: dict, history: list[dict]) -> Path:
     """Write the checkpoint atomically: a crash or Ctrl-C leaves the previous one intact."""
-    from safetensors.torch import save_file
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {f"head.{k}": v.detach().contiguous().clone() for k, v in model.eagle_module.state_dict().items()}
@@ -59,8 +59,6 @@ def save_checkpoint(path: str | Path, model, optimizer, step: int, config: dict,
 
 def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     """(tensors, metadata with step/config/params/param_groups/history decoded)."""
-    from safetensors import safe_open
-
     path = Path(path)
     try:
         with safe_open(str(path), framework="pt") as f:

@@ -16,6 +16,13 @@ import json
 import time
 from pathlib import Path
 
+from eagle_trt.config.decode import DecodeConfig
+from eagle_trt.eos import eos_from_files
+from eagle_trt.models.draft_head import Eagle3DraftHead
+from eagle_trt.models.llama import LlamaTarget
+from eagle_trt.prompt_sources import chat_ids
+from eagle_trt.runtime.runner import Runner
+
 # Used when the training data left nothing to hold out (e.g. a single text file).
 FALLBACK_PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -25,8 +32,6 @@ FALLBACK_PROMPTS = (
 
 
 def fallback_prompt_ids(tokenizer) -> list[list[int]]:
-    from eagle_trt.prompt_sources import chat_ids
-
     return [chat_ids(tokenizer, [{"role": "user", "content": p}], add_generation_prompt=True)
             for p in FALLBACK_PROMPTS]
 
@@ -35,12 +40,6 @@ def measure_acceptance(target_dir: str | Path, draft_dir: str | Path, prompts: l
                        max_new_tokens: int = 64, trees: tuple[str, ...] = ("chain", "dynamic"),
                        max_prompt_tokens: int = 512) -> dict:
     """Mean tau (weighted by verify steps) per tree mode, plus per-prompt values."""
-    from eagle_trt.models.draft_head import Eagle3DraftHead
-    from eagle_trt.models.llama import LlamaTarget
-    from eagle_trt.eos import eos_from_files
-    from eagle_trt.config.decode import DecodeConfig
-    from eagle_trt.runtime.runner import Runner
-
     target = LlamaTarget.load(Path(target_dir))
     head = Eagle3DraftHead.load(Path(draft_dir), target)
     prompts = [list(p)[-max_prompt_tokens:] for p in prompts if p]

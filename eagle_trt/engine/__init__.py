@@ -6,7 +6,7 @@
     >>> open_engine(summary.engine_dir).draft_dir                        # doctest: +SKIP
     PosixPath('engines/smollm2-135m-eagle3/draft')
 
-torch and safetensors are imported only when a build or a hash needs them; tensorrt_llm only
+torch and transformers are imported only when a build needs them; tensorrt_llm only
 inside eagle_trt.engine.trtllm_backend, when a trtllm engine is validated or run.
 """
 

@@ -21,8 +21,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from safetensors import safe_open
+
 from eagle_trt.config import EagleArchitecture, EagleConfig
 from eagle_trt.config.schema import DraftConfig
+from eagle_trt.engine.datastore_file import DATASTORE_NAME, check_datastore
 from eagle_trt.engine.draft_model_checks import check_model_draft, is_model_draft
 from eagle_trt.engine.head_checks import (
     check_draft_vocab,
@@ -162,8 +165,6 @@ def _head_plan(cfg: EagleConfig, target: _Target, dcfg: dict, dcfg_path: Path, d
             raise CheckpointError(f"aux layer ids {aux} in '{dcfg_path}' are not layers of the {L}-layer target")
         check_eagle3_shapes(shapes, dweights, dcfg_path, arch, heads_kv, head_dim, len(aux))
     vocab = check_draft_vocab(shapes, dcfg, dweights, dcfg_path, H, V)
-    from eagle_trt.engine.datastore_file import DATASTORE_NAME, check_datastore
-
     datastore = dweights.parent / DATASTORE_NAME
     if datastore.is_file():
         check_datastore(datastore, V)
@@ -290,8 +291,6 @@ def _target_shards(tdir: Path, embed_shape: list[int]) -> list[Path]:
 
 def _shapes(path: Path) -> dict[str, list[int]]:
     """Tensor shapes from the safetensors header only (no weights are read)."""
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), "pt") as fh:
             return {k: list(fh.get_slice(k).get_shape()) for k in fh.keys()}

@@ -16,8 +16,11 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from eagle_trt.errors import CheckpointError
+from eagle_trt.models.weights import load_safetensors
 from eagle_trt.speculative.datastore import NGRAMS, SEPARATOR, Datastore
 
 DATASTORE_NAME = "datastore.safetensors"
@@ -25,8 +28,6 @@ DATASTORE_NAME = "datastore.safetensors"
 
 def write_datastore(path: str | Path, documents: list[list[int]]) -> int:
     """Write the documents atomically (temp file, then rename); returns the token count."""
-    from safetensors.torch import save_file
-
     flat: list[int] = []
     for doc in documents:
         if doc:
@@ -47,8 +48,6 @@ def write_datastore(path: str | Path, documents: list[list[int]]) -> int:
 
 def check_datastore(path: str | Path, vocab_size: int) -> torch.Tensor:
     """The file's tokens, after checking they are a 1-D integer tensor of ids in [-1, vocab_size)."""
-    from eagle_trt.models.weights import load_safetensors
-
     tensors = load_safetensors(Path(path))
     tokens = tensors.get("tokens")
     if tokens is None or tokens.dim() != 1 or tokens.is_floating_point():
@@ -65,8 +64,6 @@ INDEXED_FORMAT = "eagle-trt-datastore/2"
 
 def write_indexed(src: str | Path, dst: str | Path, vocab_size: int) -> None:
     """The datastore at `src` with its index built, written to `dst` (an engine's copy)."""
-    from safetensors.torch import save_file
-
     tokens = check_datastore(src, vocab_size)
     store = Datastore(tokens)
     save_file({"tokens": tokens.to(torch.int32).contiguous(), **store.index_tensors()}, str(dst),
@@ -77,8 +74,6 @@ def write_indexed(src: str | Path, dst: str | Path, vocab_size: int) -> None:
 def read_datastore(path: str | Path, vocab_size: int) -> Datastore:
     """The datastore, with the index the file holds when it was written for these n-grams (an engine's), else
     built here."""
-    from safetensors import safe_open
-
     tokens = check_datastore(path, vocab_size)
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}

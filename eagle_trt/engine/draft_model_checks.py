@@ -14,6 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from eagle_trt.errors import CheckpointError, ConfigError
+from eagle_trt.models.spec import TargetSpec
+from eagle_trt.tokenizer_match import first_difference, saved_tokenizer_terms
 
 
 def is_model_draft(shapes: dict[str, list[int]]) -> bool:
@@ -24,8 +26,6 @@ def is_model_draft(shapes: dict[str, list[int]]) -> bool:
 def check_model_draft(cfg, dcfg: dict, dcfg_path: Path, shapes: dict[str, list[int]], dweights: Path,
                       target_dir: Path) -> dict:
     """Every check of a draft model; returns the manifest's draft info."""
-    from eagle_trt.models.spec import TargetSpec
-
     if cfg.eagle_architecture is not None:
         raise ConfigError(f"eagle_architecture describes an EAGLE-3 head, but the checkpoint's draft is a model "
                           f"('{dcfg_path}'); remove eagle_architecture (or set it to null)")
@@ -49,8 +49,6 @@ def check_model_draft(cfg, dcfg: dict, dcfg_path: Path, shapes: dict[str, list[i
 
 
 def check_same_tokenizer(target_dir: Path, draft_dir: Path) -> None:
-    from eagle_trt.tokenizer_match import first_difference, saved_tokenizer_terms
-
     if not (draft_dir / "tokenizer.json").is_file():
         raise CheckpointError(f"no tokenizer.json in '{draft_dir}' to check against the target's",
                               hint="rewrite the checkpoint with `eagle-trt convert TARGET --draft-model SMALL`")

@@ -12,6 +12,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import torch
+from safetensors import safe_open
+
 from eagle_trt.errors import CheckpointError
 
 _OPTIONAL_TENSORS = {"lm_head.weight", "d2t", "t2d", "embed_tokens.weight", "fc.bias"}
@@ -115,8 +118,6 @@ def check_kv_scales(path: Path, target_layers: int) -> Path | None:
     """
     if not path.is_file():
         return None
-    from safetensors import safe_open
-
     want = {"target.k_scales": [target_layers], "target.v_scales": [target_layers],
             "draft.k_scales": [1], "draft.v_scales": [1]}  # fmt: skip
     try:
@@ -154,9 +155,6 @@ def check_draft_vocab(shapes, dcfg, path, cfg_path, H, V) -> int:
         return vocab
     if shapes["d2t"] != [vocab]:
         raise CheckpointError(f"'{path}': d2t has shape {shapes['d2t']}, expected [{vocab}]")
-    import torch
-    from safetensors import safe_open
-
     with safe_open(str(path), "pt") as fh:
         d2t = fh.get_tensor("d2t")
     ids = torch.arange(vocab) + d2t.long()

@@ -19,8 +19,10 @@ import platform
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+import safetensors
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+import eagle_trt
 from eagle_trt.errors import EngineIntegrityError
 
 FORMAT_VERSION = 1
@@ -128,11 +130,9 @@ def hash_files(root: str | Path) -> dict[str, FileEntry]:
 
 def library_versions() -> CreatedBy:
     """Versions recorded in created_by (imports are lazy: only builds need torch)."""
-    import safetensors
+    # Imported here: torch and transformers take seconds to import; only builds record them, `inspect` must not wait.
     import torch
     import transformers
-
-    import eagle_trt
 
     return CreatedBy(
         eagle_trt=eagle_trt.__version__,

@@ -19,6 +19,7 @@ from eagle_trt.models import native
 from eagle_trt.models.gemm import bf16_hardware
 from eagle_trt.models.native import gemm as native_gemm
 from eagle_trt.models.native import ops as native_ops
+from eagle_trt.models.native.backend import NativeBackend
 from eagle_trt.models.reference import TorchBackend
 
 
@@ -62,8 +63,6 @@ def choose_backend(dtype: torch.dtype, spec, device: torch.device | str = "cpu")
     why = unfit(spec)
     if why is not None:
         return TorchBackend(dtype, device, reason=f"the kernels do not take {why}")
-    from eagle_trt.models.native.backend import NativeBackend
-
     amx = lib.backend == "amx" and dtype == torch.bfloat16 and all(
         native_gemm.amx_fits(k) for k in projection_inputs(spec))
     return NativeBackend(lib, dtype, amx=amx)

@@ -25,6 +25,7 @@ from eagle_trt.models import weight_cache
 from eagle_trt.models.backend import choose_backend, head_inputs
 from eagle_trt.models.kv_cache import KVCache
 from eagle_trt.models.layers import Rope
+from eagle_trt.models.native.gemm import amx_fits
 from eagle_trt.models.spec import DraftSpec
 from eagle_trt.models.weights import load_safetensors, read_json, take
 from eagle_trt.private_cache import WeightSource
@@ -91,8 +92,6 @@ class Eagle3DraftHead:
         if backend.dtype != dtype:
             return choose_backend(dtype, target.spec, target.embed.device)
         if getattr(backend, "amx", False):
-            from eagle_trt.models.native.gemm import amx_fits
-
             if not all(amx_fits(k) for k in head_inputs(target.spec, n_aux)):
                 return backend.without_amx()
         return backend

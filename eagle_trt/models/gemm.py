@@ -15,6 +15,9 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.cpu
+
+from eagle_trt.models import isa
 
 # Row count the packed layout is tuned for (the default tree verifies 16 tokens plus the root).
 PACK_ROWS = 16
@@ -83,10 +86,6 @@ class Projection:
 def bf16_hardware() -> bool:
     """Whether this CPU multiplies bf16 in hardware (AMX tiles or AVX512-BF16) for torch's kernels, as far as
     EAGLE_TRT_ISA lets the engine see (`models/isa.py`)."""
-    import torch.cpu
-
-    from eagle_trt.models import isa
-
     if isa.hides_bf16_hardware():
         return False
     for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):

@@ -6,8 +6,11 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from eagle_trt.errors import CheckpointError
+from eagle_trt.safetensors_stream import model_tensors, read_tensor, tensor_locations
+from eagle_trt.shards import INDEX_NAME, index_shards
 
 
 def read_json(path: Path) -> dict:
@@ -22,14 +25,8 @@ def read_json(path: Path) -> dict:
 def load_safetensors(path: Path, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """All tensors of one file, or of every shard its dir's model.safetensors.index.json names when `path` is a
     missing model.safetensors beside such an index; floating tensors cast to `dtype` when given."""
-    from safetensors.torch import load_file
-
-    from eagle_trt.shards import INDEX_NAME, index_shards
-
     path = Path(path)
     if not path.is_file() and (path.parent / INDEX_NAME).is_file():
-        from eagle_trt.safetensors_stream import tensor_locations
-
         index = path.parent / INDEX_NAME
         shards = index_shards(index)
         tensor_locations(shards, index)  # no tensor in two shards, each where the index says
@@ -66,8 +63,6 @@ class LazyTensors:
     what is made of it. Supports what loading uses: `in`, `pop` (with `take`) and iteration over the names."""
 
     def __init__(self, model_dir: Path, dtype: torch.dtype | None = None):
-        from eagle_trt.safetensors_stream import model_tensors
-
         self.dtype = dtype
         self._where = model_tensors(Path(model_dir))
         self._files: dict = {}
@@ -82,8 +77,6 @@ class LazyTensors:
         return list(self._where)
 
     def pop(self, name: str, *default):
-        from eagle_trt.safetensors_stream import read_tensor
-
         if name not in self._where:
             if default:
                 return default[0]

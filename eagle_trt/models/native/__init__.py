@@ -18,6 +18,9 @@ from __future__ import annotations
 import logging
 import os
 
+from eagle_trt.models import isa
+from eagle_trt.models.native import bindings, build
+
 log = logging.getLogger(__name__)
 
 
@@ -46,17 +49,14 @@ def library():
         return _state["lib"]
     _state["lib"], _state["why"] = None, "disabled (EAGLE_TRT_NATIVE=0)" if not enabled() else None
     if enabled():
-        from eagle_trt.models import isa
-
         try:
             isa.requested()  # a bad EAGLE_TRT_ISA is the user's error (exit 2), not a reason to fall back
         except Exception:
             _state.clear()
             raise
         # torch is loaded first: the kernels' OpenMP then resolves to the runtime torch uses (one thread pool).
+        # Imported here: torch takes over a second to import, and native.build and bindings need none of it.
         import torch  # noqa: F401  (imported for that effect)
-
-        from eagle_trt.models.native import bindings, build
 
         try:
             _state["lib"] = bindings.Library(build.build())
