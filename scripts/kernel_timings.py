@@ -52,7 +52,7 @@ def projections(reps: int) -> None:
 
     lib = native.library()
     print(f"projection [576 x 3072], ms per call, median (min) [weight GB/s at one row, from the min]; kernels: "
-          f"{lib.backend if lib else 'none: ' + str(native.unavailable())}")
+          f"{lib.isa if lib else 'none: ' + str(native.unavailable())}")
     for dtype in (torch.float32, torch.bfloat16):
         ws = [torch.randn(576, 3072).to(dtype) for _ in range(30)]
         kinds = {"x @ W": [Projection(w, prepack=False) for w in ws]}
@@ -61,7 +61,7 @@ def projections(reps: int) -> None:
             kinds["oneDNN prepacked"] = packed
         if lib is not None:
             kinds["vector kernel"] = [NativeProjection(lib, w) for w in ws]
-            if lib.backend == "amx" and dtype == torch.bfloat16:
+            if lib.isa == "amx" and dtype == torch.bfloat16:
                 kinds["AMX kernel"] = [NativeProjection(lib, w, amx=True) for w in ws]
         for rows in (1, 16, 17, 32):
             x = torch.randn(rows, 576).to(dtype)
@@ -110,7 +110,7 @@ def forward_curve(engine: str, reps: int) -> None:
     e, dtype = _engine(engine)
     target = LlamaTarget.load(e.target_dir, dtype)
     c = curve(target, [1, 4, 8, 16, 32], context=200, reps=reps)
-    print(f"target forward ({e.config.dtype}, kernels {target.backend.name}, 200 cached tokens), ms:")
+    print(f"target forward ({e.config.dtype}, kernels {target.kernels.name}, 200 cached tokens), ms:")
     print("  " + "  ".join(f"T={t}: {s * 1e3:.1f}" for t, s in c.items()) + f"   16 vs 1: {c[16] / c[1]:.2f}x")
 
 
@@ -143,7 +143,7 @@ def forward_parts(engine: str, reps: int, context: int = 300) -> None:
                                                                                             need_aux=True)
         calls[("layer projections", t)] = lambda xs=xs: [p(xs[p.in_features]) for p in projs]
         calls[("attention, every layer", t)] = lambda q=q, full=full, kv=kv: [
-            target.backend.attend(q, *kv, full) for _ in target.layers]
+            target.kernels.attend(q, *kv, full) for _ in target.layers]
         calls[("greedy tokens", t)] = lambda h=hidden: target.greedy(h)
     for t in (1, 2, 5):
         feats = torch.randn(t, s.hidden_size, generator=g).to(dtype)
@@ -151,7 +151,7 @@ def forward_parts(engine: str, reps: int, context: int = 300) -> None:
         calls[("draft head forward", t)] = lambda a=(feats, torch.arange(t) + 7, torch.full((t,), context), m): \
             head.forward(a[0], a[1], a[2], hcache, context, a[3])
     med = interleaved(calls, reps)
-    print(f"{e.config.dtype} target, kernels {target.backend.name}, {context} cached tokens, {reps} repeats, ms, "
+    print(f"{e.config.dtype} target, kernels {target.kernels.name}, {context} cached tokens, {reps} repeats, ms, "
           "median (min):")
     for name in dict.fromkeys(n for n, _ in calls):
         print(f"  {name:23} " + "   ".join(f"T={t:2} {med[(n, t)].ms()}" for n, t in calls if n == name))

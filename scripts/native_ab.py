@@ -4,7 +4,7 @@ interleaved prompt by prompt in one process (the machine's speed drifts, so only
     python scripts/native_ab.py --engine engines/smollm2-135m-eagle3-bf16 --prompts humaneval --limit 6
     python scripts/native_ab.py --engine E --variants native,avx2     # two of them
 
-Variants (each a copy of the engine loaded on that backend, `models/backend.py`):
+Variants (each a copy of the engine loaded on that backend, `models/kernels.py`):
     native   the backend the engine chooses here (amx, avx512 or avx2)
     avx2     the AVX2 + FMA build of the kernels (`-march=x86-64-v3`), on a CPU above AVX2
     vectors  on an AMX CPU, a bf16 engine's projections on the vector kernel instead of the tiles
@@ -23,18 +23,18 @@ def backends(dtype) -> dict:
     """name -> backend for every variant this machine runs."""
     from eagle_trt.models import native
     from eagle_trt.models.native import bindings, build
-    from eagle_trt.models.native.backend import NativeBackend
-    from eagle_trt.models.reference import TorchBackend
+    from eagle_trt.models.native.kernels import NativeKernels
+    from eagle_trt.models.reference import TorchKernels
 
     out = {}
     lib = native.library()
     if lib is not None:
         out["native"] = None  # the engine's own choice
-        if lib.backend != "avx2":
-            out["avx2"] = NativeBackend(bindings.Library(build.build(target_isa="avx2")), dtype)
-        if lib.backend == "amx":
-            out["vectors"] = NativeBackend(lib, dtype, amx=False)
-    out["torch"] = TorchBackend(dtype)
+        if lib.isa != "avx2":
+            out["avx2"] = NativeKernels(bindings.Library(build.build(target_isa="avx2")), dtype)
+        if lib.isa == "amx":
+            out["vectors"] = NativeKernels(lib, dtype, amx=False)
+    out["torch"] = TorchKernels(dtype)
     return out
 
 
@@ -45,12 +45,12 @@ def open_on(engine: str, backend):
 
     if backend is None:
         return Session.open(engine)
-    chosen = llama.choose_backend
-    llama.choose_backend = lambda *a, **k: backend
+    chosen = llama.choose_kernels
+    llama.choose_kernels = lambda *a, **k: backend
     try:
         return Session.open(engine)
     finally:
-        llama.choose_backend = chosen
+        llama.choose_kernels = chosen
 
 
 def main() -> None:

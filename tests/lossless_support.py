@@ -53,9 +53,9 @@ def assert_lossless(model, prompt: list[int], got: list[int], want: list[int], w
     where = f"{what}: " if what else ""
     assert not target.row_invariant, (
         f"{where}speculative output differs from plain decoding at token {k} on row-invariant kernels "
-        f"({target.backend.name}): {got[k:k + 4]} != {want[k:k + 4]}")
+        f"({target.kernels.name}): {got[k:k + 4]} != {want[k:k + 4]}")
     assert k < len(got) and k < len(want), f"{where}lengths differ ({len(got)} vs {len(want)}): not a near-tie"
     gap, scale = top_two_gap(target, list(prompt) + list(want[:k]))
     assert gap <= NEAR_TIE * max(1.0, scale), (
         f"{where}speculative output differs from plain decoding at token {k}, where the top two logits are "
-        f"{gap:.3g} apart: not a near-tie that rounding could flip ({target.backend.name} is not row-invariant)")
+        f"{gap:.3g} apart: not a near-tie that rounding could flip ({target.kernels.name} is not row-invariant)")

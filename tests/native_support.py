@@ -18,12 +18,12 @@ from eagle_trt.models.native import bindings, build
 
 @functools.cache
 def builds() -> dict:
-    """{backend name: Library} for every kernel build that runs here (empty without a compiler)."""
+    """{kernels name: Library} for every kernel build that runs here (empty without a compiler)."""
     lib = native.library()
     if lib is None:
         return {}
-    out = {lib.backend: lib}
-    if lib.backend != "avx2":
+    out = {lib.isa: lib}
+    if lib.isa != "avx2":
         out["avx2"] = bindings.Library(build.build(target_isa="avx2"))
     return out
 

@@ -118,7 +118,7 @@ def test_missing_dependency_exits_3(tmp_path, ckpt, monkeypatch):
 
 def cpu_without_gpu(monkeypatch, fast_bf16: bool) -> None:
     """A CPU-only machine whose bf16 engine is fast (compiled kernels or hardware bf16) or emulated."""
-    import eagle_trt.models.backend as backend
+    import eagle_trt.models.kernels as backend
 
     monkeypatch.setattr(backend, "cpu_has_native_bf16", lambda: fast_bf16)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

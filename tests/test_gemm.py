@@ -1,4 +1,4 @@
-"""Every backend a machine can run keeps a verify row bit-identical to decoding that token alone: a T-token forward
+"""Every set of kernels a machine can run keeps a verify row bit-identical to decoding that token alone: a T-token forward
 equals T one-token forwards, for fp32 and bf16, on the compiled kernels (this machine's build and an AVX2 build
 beside it) and on the torch reference where it claims so (bf16 on oneDNN with hardware bf16, float64 attention).
 That is what keeps speculative output equal to plain decoding. Also the torch reference's projections."""
@@ -6,13 +6,13 @@ That is what keeps speculative output equal to plain decoding. Also the torch re
 import pytest
 import torch
 
-from eagle_trt.models.backend import choose_backend
+from eagle_trt.models.kernels import choose_kernels
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.gemm import Projection, bf16_hardware, prepack_enabled
 from eagle_trt.models.layers import additive_mask, attention, attention_fp64
 from eagle_trt.models.llama import LlamaTarget
-from eagle_trt.models.native.backend import NativeBackend
-from eagle_trt.models.reference import TorchBackend
+from eagle_trt.models.native.kernels import NativeKernels
+from eagle_trt.models.reference import TorchKernels
 from eagle_trt.models.spec import TargetSpec
 from eagle_trt.models.weights import load_safetensors, read_json
 from eagle_trt.config.decode import DecodeConfig
@@ -23,22 +23,22 @@ needs_prepack = pytest.mark.skipif(not prepack_enabled(), reason="this torch bui
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def backends() -> dict:
-    """name -> (dtype -> backend), for every backend this machine runs (the AMX build's vector kernels too)."""
+def all_kernels() -> dict:
+    """name -> (dtype -> kernels), for every set of kernels this machine runs (the AMX build's vector kernels too)."""
     out = {}
     for name, lib in builds().items():
-        out[name] = lambda dtype, lib=lib, name=name: NativeBackend(lib, dtype, amx=name == "amx" and
+        out[name] = lambda dtype, lib=lib, name=name: NativeKernels(lib, dtype, amx=name == "amx" and
                                                                     dtype == torch.bfloat16)
         if name == "amx":
-            out["amx-build vectors"] = lambda dtype, lib=lib: NativeBackend(lib, dtype, amx=False)
-    out["torch"] = lambda dtype: TorchBackend(dtype)
+            out["amx-build vectors"] = lambda dtype, lib=lib: NativeKernels(lib, dtype, amx=False)
+    out["torch"] = lambda dtype: TorchKernels(dtype)
     return out
 
 
-def load_target(model_dir, dtype, backend=None) -> LlamaTarget:
+def load_target(model_dir, dtype, kernels=None) -> LlamaTarget:
     spec = TargetSpec.from_hf_config(read_json(model_dir / "config.json"))
     return LlamaTarget.from_state_dict(spec, load_safetensors(model_dir / "model.safetensors", dtype), dtype,
-                                       backend=backend)
+                                       kernels=kernels)
 
 
 def verify_equals_decode(target: LlamaTarget, seed: int = 0) -> bool:
@@ -64,26 +64,26 @@ def verify_equals_decode(target: LlamaTarget, seed: int = 0) -> bool:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", list(backends()))
+@pytest.mark.parametrize("name", list(all_kernels()))
 def test_verify_forward_is_bit_identical_to_decoding(tiny_model_dir, name, dtype):
-    backend = backends()[name](DTYPES[dtype])
-    if not backend.row_invariant:
+    kernels = all_kernels()[name](DTYPES[dtype])
+    if not kernels.row_invariant:
         pytest.skip(f"{name} {dtype} does not claim row invariance here (torch's fused attention and GEMMs, or no "
                     "hardware bf16 for oneDNN)")
-    target = load_target(tiny_model_dir, DTYPES[dtype], backend)
-    assert target.row_invariant and target.backend.name == backend.name
+    target = load_target(tiny_model_dir, DTYPES[dtype], kernels)
+    assert target.row_invariant and target.kernels.name == kernels.name
     assert verify_equals_decode(target)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", [n for n in backends() if n != "torch"])
+@pytest.mark.parametrize("name", [n for n in all_kernels() if n != "torch"])
 def test_kernels_agree_with_the_torch_reference(tiny_model_dir, name, dtype):
     """The oracle: the compiled forward's logits and features are the torch operators' up to rounding."""
     dt = DTYPES[dtype]
     ids = torch.randint(0, 260, (20,), generator=torch.Generator().manual_seed(1))
     outs = []
-    for backend in (backends()[name](dt), TorchBackend(dt)):
-        target = load_target(tiny_model_dir, dt, backend)
+    for kernels in (all_kernels()[name](dt), TorchKernels(dt)):
+        target = load_target(tiny_model_dir, dt, kernels)
         target.aux_layer_ids = [0, target.spec.num_layers - 1]
         cache = target.new_cache(32)
         outs.append(target.forward(ids, torch.arange(20), cache, need_aux=True) + (cache.k[:, :, :20].clone(),))
@@ -94,28 +94,28 @@ def test_kernels_agree_with_the_torch_reference(tiny_model_dir, name, dtype):
 
 def test_the_machine_s_backend_is_chosen_once(tiny_model_dir):
     target = LlamaTarget.load(tiny_model_dir, dtype=torch.bfloat16)
-    head_backend = choose_backend(torch.bfloat16, target.spec)
-    assert target.backend.name == head_backend.name
+    head_backend = choose_kernels(torch.bfloat16, target.spec)
+    assert target.kernels.name == head_backend.name
     if builds():
         lib = next(iter(builds().values()))
-        assert target.backend.name == lib.backend and target.row_invariant
-        assert LlamaTarget.load(tiny_model_dir, dtype=torch.float32).backend.name == (
-            "avx2" if lib.backend == "avx2" else "avx512")
+        assert target.kernels.name == lib.isa and target.row_invariant
+        assert LlamaTarget.load(tiny_model_dir, dtype=torch.float32).kernels.name == (
+            "avx2" if lib.isa == "avx2" else "avx512")
     else:
-        assert target.backend.name == "torch"
+        assert target.kernels.name == "torch"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("seed", range(2))
 def test_eagle_equals_ar(tiny_model_dir, tiny_head_dir, dtype, seed):
-    """On the machine's backend, with planted continuations (deep acceptance, scattered tree slots) as well as the
+    """On the machine's kernels, with planted continuations (deep acceptance, scattered tree slots) as well as the
     real head."""
     from test_lossless_tiny import OracleDrafter
 
     dt = DTYPES[dtype]
     target = LlamaTarget.load(tiny_model_dir, dtype=dt)
     if not target.row_invariant:
-        pytest.skip(f"{target.backend.name} {dtype} does not claim row invariance here")
+        pytest.skip(f"{target.kernels.name} {dtype} does not claim row invariance here")
     runner = Runner(target, Eagle3DraftHead.load(tiny_head_dir, target, dt), capacity=256)
     real = runner.drafter
     for prompt in ([5, 6, 7, 8, 9], [100, 20, 30]):

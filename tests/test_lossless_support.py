@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle_trt.models.reference import TorchBackend
+from eagle_trt.models.reference import TorchKernels
 from eagle_trt.config.decode import DecodeConfig
 from eagle_trt.runtime.runner import Runner
 from lossless_support import assert_lossless, top_two_gap
@@ -21,7 +21,7 @@ def plain(target, n=12):
 
 
 def test_equal_outputs_pass_on_any_backend(tiny_model_dir):
-    target = load_target(tiny_model_dir, torch.float32, TorchBackend(torch.float32))
+    target = load_target(tiny_model_dir, torch.float32, TorchKernels(torch.float32))
     ar = plain(target)
     assert_lossless(target, PROMPT, list(ar), ar)
 
@@ -36,7 +36,7 @@ def test_a_changed_token_fails_on_row_invariant_kernels(tiny_model_dir):
 
 
 def test_a_decided_token_that_differs_fails_on_the_torch_reference(tiny_model_dir):
-    target = load_target(tiny_model_dir, torch.float32, TorchBackend(torch.float32))
+    target = load_target(tiny_model_dir, torch.float32, TorchKernels(torch.float32))
     assert not target.row_invariant
     ar = plain(target)
     gap, _ = top_two_gap(target, PROMPT + ar[:5])

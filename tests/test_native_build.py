@@ -100,7 +100,7 @@ def test_header_parser_reads_pointers_and_scalars():
 
 @needs_lib
 def test_loaded_library_names_its_backend():
-    assert lib.backend in ("amx", "avx512", "avx2")
+    assert lib.isa in ("amx", "avx512", "avx2")
     assert lib.gemm_packed_size(10, 3, 0) == 2 * lib.lanes() * 10  # one panel of 2 vectors
 
 
@@ -160,16 +160,16 @@ def _python(code: str, **env) -> subprocess.CompletedProcess:
 @needs_lib
 def test_forced_avx2_build_runs_the_avx2_backend(tmp_path):
     out = _python("from eagle_trt.models import native; from eagle_trt.models.gemm import bf16_hardware; "
-                  "print(native.library().backend, bf16_hardware())",
+                  "print(native.library().isa, bf16_hardware())",
                   EAGLE_TRT_ISA="avx2", EAGLE_TRT_CACHE=str(tmp_path))
     assert out.returncode == 0 and out.stdout.split() == ["avx2", "False"], out.stderr
 
 
 def test_disabled_means_the_torch_reference(tmp_path):
-    code = ("import torch; from eagle_trt.models import native; from eagle_trt.models.backend import choose_backend; "
+    code = ("import torch; from eagle_trt.models import native; from eagle_trt.models.kernels import choose_kernels; "
             ""
             "assert native.library() is None and 'EAGLE_TRT_NATIVE=0' in native.unavailable(); "
-            "print(choose_backend(torch.bfloat16, None).name)")
+            "print(choose_kernels(torch.bfloat16, None).name)")
     out = _python(code, EAGLE_TRT_NATIVE="0", EAGLE_TRT_REQUIRE_NATIVE="1", EAGLE_TRT_CACHE=str(tmp_path))
     assert out.returncode == 0 and out.stdout.split() == ["torch"], out.stderr
     assert not (tmp_path / "kernels").exists()  # disabled: nothing compiled

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from eagle_trt.models.native import bindings, build, ops
-from eagle_trt.models.native.backend import NativeBackend
+from eagle_trt.models.native.kernels import NativeKernels
 from eagle_trt.models.native.gemm import NativeProjection
 from eagle_trt.models.native.ops import Attention
 from native_support import builds
@@ -41,11 +41,11 @@ def mutants(tmp_path_factory):
 def test_a_perturbed_row_fails_verify_equals_decode(tiny_model_dir, mutants, mutation):
     fp32 = torch.float32
     for seed in range(3):
-        assert not verify_equals_decode(load_target(tiny_model_dir, fp32, NativeBackend(mutants[mutation], fp32)),
+        assert not verify_equals_decode(load_target(tiny_model_dir, fp32, NativeKernels(mutants[mutation], fp32)),
                                         seed)
     # The same check passes on the unmutated build of the same ISA.
     clean = next(iter(builds().values()))
-    assert verify_equals_decode(load_target(tiny_model_dir, fp32, NativeBackend(clean, fp32)))
+    assert verify_equals_decode(load_target(tiny_model_dir, fp32, NativeKernels(clean, fp32)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -7,16 +7,16 @@ import torch
 
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.native import stack
-from eagle_trt.models.native.backend import NativeBackend
-from eagle_trt.models.reference import TorchBackend
+from eagle_trt.models.native.kernels import NativeKernels
+from eagle_trt.models.reference import TorchKernels
 from native_support import build_names, lib_or_skip
 from test_gemm import load_target
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def _backend(build, dtype):
-    return NativeBackend(lib_or_skip(build), dtype, amx=build == "amx" and dtype == torch.bfloat16)
+def _kernels(build, dtype):
+    return NativeKernels(lib_or_skip(build), dtype, amx=build == "amx" and dtype == torch.bfloat16)
 
 
 def _tree(rows, seed):
@@ -35,7 +35,7 @@ def _tree(rows, seed):
 def test_each_tree_row_equals_decoding_its_path(tiny_model_dir, build, dtype):
     """Logits and features of every node of a 17-node tree verified in one call, against decoding the node's
     ancestors and then the node one token at a time."""
-    target = load_target(tiny_model_dir, DTYPES[dtype], _backend(build, DTYPES[dtype]))
+    target = load_target(tiny_model_dir, DTYPES[dtype], _kernels(build, DTYPES[dtype]))
     target.aux_layer_ids = [1, 0, target.spec.num_layers - 1]
     g = torch.Generator().manual_seed(3)
     prefix = torch.randint(0, target.spec.vocab_size, (9,), generator=g)
@@ -61,7 +61,7 @@ def test_each_tree_row_equals_decoding_its_path(tiny_model_dir, build, dtype):
 @pytest.mark.parametrize("build", build_names())
 def test_a_cache_in_another_dtype_takes_the_reference_loop(tiny_model_dir, build, dtype):
     dt = DTYPES[dtype]
-    target = load_target(tiny_model_dir, dt, _backend(build, dt))
+    target = load_target(tiny_model_dir, dt, _kernels(build, dt))
     other = torch.bfloat16 if dt == torch.float32 else torch.float32
     ids = torch.arange(12) + 3
     want, _ = target.forward(ids, torch.arange(12), target.new_cache(16))
@@ -71,18 +71,21 @@ def test_a_cache_in_another_dtype_takes_the_reference_loop(tiny_model_dir, build
 
 @pytest.mark.parametrize("build", build_names())
 def test_stack_checks_its_input(tiny_model_dir, build):
-    target = load_target(tiny_model_dir, torch.bfloat16, _backend(build, torch.bfloat16))
+    target = load_target(tiny_model_dir, torch.bfloat16, _kernels(build, torch.bfloat16))
     table = target._weights[0]
     cache = target.new_cache(4)
     cos, sin = target.rope.tables(torch.arange(2))
     x = target.embed[torch.tensor([1, 2])]
-    lib, spec = target.backend.lib, target.spec
+    lib, spec = target.kernels.lib, target.spec
     with pytest.raises(RuntimeError, match="KV cache full: need 5 slots, capacity 4"):
-        stack.decoder_stack(lib, table, spec, x, cos, sin, cache.k, cache.v, 3, None, [])
+        stack.decoder_stack(lib, table, spec=spec, x=x, cos=cos, sin=sin, k_cache=cache.k, v_cache=cache.v, start=3,
+                            mask=None, aux_layers=[])
     with pytest.raises(ValueError, match=r"mask must be bool \[2, 2\]"):
-        stack.decoder_stack(lib, table, spec, x, cos, sin, cache.k, cache.v, 0, torch.ones(2, 3, dtype=torch.bool), [])
+        stack.decoder_stack(lib, table, spec=spec, x=x, cos=cos, sin=sin, k_cache=cache.k, v_cache=cache.v, start=0,
+                            mask=torch.ones(2, 3, dtype=torch.bool), aux_layers=[])
     with pytest.raises(TypeError, match="contiguous torch.bfloat16 input"):
-        stack.decoder_stack(lib, table, spec, x.float(), cos, sin, cache.k, cache.v, 0, None, [])
+        stack.decoder_stack(lib, table, spec=spec, x=x.float(), cos=cos, sin=sin, k_cache=cache.k, v_cache=cache.v,
+                            start=0, mask=None, aux_layers=[])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -98,9 +101,9 @@ def test_draft_layer_matches_the_torch_reference(tiny_model_dir, tiny_head_dir, 
     mask = torch.ones(4, 7, dtype=torch.bool).tril_(diagonal=3)
     mask[3, 4] = False  # a tree row that does not see a sibling
     outs = []
-    for backend in (_backend(build, dt), TorchBackend(dt)):
-        head = Eagle3DraftHead.load(tiny_head_dir, load_target(tiny_model_dir, dt, backend), dt)
-        assert head.backend is backend
+    for kernels in (_kernels(build, dt), TorchKernels(dt)):
+        head = Eagle3DraftHead.load(tiny_head_dir, load_target(tiny_model_dir, dt, kernels), dt)
+        assert head.kernels is kernels
         cache = head.new_cache(16)
         head.forward(feats[:3], ids[:3], torch.arange(3), cache, 0)
         before = feats.clone()

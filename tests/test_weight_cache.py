@@ -100,7 +100,7 @@ def test_build_leaves_the_layout_and_run_maps_it(engine, tmp_path, monkeypatch):
     no_packing(monkeypatch)
     mapped = Session.open(engine)
     assert tokens(mapped, mode="ar") == ar and tokens(mapped) == sd
-    assert mapped.runner.target.backend.name == fresh.runner.target.backend.name
+    assert mapped.runner.target.kernels.name == fresh.runner.target.kernels.name
     assert same_weights(mapped, fresh)
 
 

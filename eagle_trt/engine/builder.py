@@ -155,7 +155,7 @@ def bf16_is_fast() -> bool:
     compiled CPU kernels (bf16 storage halves the bytes a memory-bound token step reads), or hardware bf16."""
     import torch
 
-    from eagle_trt.models.backend import cpu_has_native_bf16
+    from eagle_trt.models.kernels import cpu_has_native_bf16
 
     return torch.cuda.is_available() or cpu_has_native_bf16()
 

@@ -22,10 +22,10 @@ import torch
 
 from eagle_trt.errors import CheckpointError
 from eagle_trt.models import weight_cache
-from eagle_trt.models.backend import choose_backend, head_inputs
+from eagle_trt.models.kernel_api import Kernels
+from eagle_trt.models.kernels import choose_kernels, head_inputs
 from eagle_trt.models.kv_cache import KVCache
 from eagle_trt.models.layers import Rope
-from eagle_trt.models.native.gemm import amx_fits
 from eagle_trt.models.spec import DraftSpec
 from eagle_trt.models.weights import load_safetensors, read_json, take
 from eagle_trt.private_cache import WeightSource
@@ -42,8 +42,8 @@ class Eagle3DraftHead:
         q_out, kv_out = s.num_heads * hd, s.num_kv_heads * hd
         n_aux = len(s.aux_layer_ids)
         self.spec, self.dtype, self.hidden_prenorm = spec, dtype, hidden_prenorm
-        self.backend = self._backend(target, dtype, n_aux)
-        project = self.backend.projection
+        self.kernels = self._kernels(target, dtype, n_aux)
+        project = self.kernels.projection
         # Projections stored transposed, [in, out] (see models/llama.py for why).
         self.fc = project(take(w, "fc.weight", (hidden, n_aux * hidden), source).t().contiguous())
         self.fc_bias = w.pop("fc.bias", None)
@@ -82,19 +82,15 @@ class Eagle3DraftHead:
             raise CheckpointError(f"{source}: 'd2t' maps draft ids outside the target vocab ({target.spec.vocab_size})")
         w.pop("t2d", None)
         self.rope = Rope(hd, s.rope_theta, s.rope_scaling, target.rope.cos.shape[0], dtype)
-        self._weights = self.backend.draft_weights(self)
+        self._weights = self.kernels.draft_weights(self)
 
     @staticmethod
-    def _backend(target, dtype, n_aux: int):
-        """The target's backend where it serves this head (same dtype; AMX only if the head's projections fit its
-        K blocks too), else one chosen for the head."""
-        backend = target.backend
-        if backend.dtype != dtype:
-            return choose_backend(dtype, target.spec, target.embed.device)
-        if getattr(backend, "amx", False):
-            if not all(amx_fits(k) for k in head_inputs(target.spec, n_aux)):
-                return backend.without_amx()
-        return backend
+    def _kernels(target, dtype, n_aux: int) -> Kernels:
+        """The target's kernels where they serve this head (same dtype), fitted to the head's projections; else the
+        kernels chosen for the head."""
+        if target.kernels.dtype != dtype:
+            return choose_kernels(dtype, target.spec, target.embed.device)
+        return target.kernels.fitted(head_inputs(target.spec, n_aux))
 
     @classmethod
     def load(cls, draft_dir: str | Path, target, dtype: torch.dtype = torch.float32,
@@ -105,7 +101,7 @@ class Eagle3DraftHead:
         draft_dir = Path(draft_dir)
         cfg_path = draft_dir / "config.json"
         spec = DraftSpec.from_config(read_json(cfg_path), target.spec, str(cfg_path))
-        backend = cls._backend(target, dtype, len(spec.aux_layer_ids))
+        kernels = cls._kernels(target, dtype, len(spec.aux_layer_ids))
 
         def make() -> "Eagle3DraftHead":
             src = draft_dir / "model.safetensors"
@@ -116,17 +112,17 @@ class Eagle3DraftHead:
             return cls(spec, w, target, dtype, hidden_prenorm=not official, source=src)
 
         return weight_cache.load_or_make(
-            cache, "draft", backend.cache_key, make,
+            cache, "draft", kernels.cache_key, make,
             state_of=lambda head: head.runtime_state(target),
-            restore=lambda tensors, meta: cls.from_runtime_state(spec, target, dtype, backend, tensors, meta))
+            restore=lambda tensors, meta: cls.from_runtime_state(spec, target, dtype, kernels, tensors, meta))
 
     _PROJECTIONS = ("fc", "qkv", "o", "gate_up", "down")
     _TENSORS = ("hidden_norm", "input_norm", "post_norm", "norm", "draft_to_target")
 
     def runtime_state(self, target) -> tuple[dict[str, torch.Tensor], dict]:
-        """Every tensor the head reads, in its backend's layout; the LM head and the embedding table only where they
+        """Every tensor the head reads, in its kernels' layout; the LM head and the embedding table only where they
         are the head's own (else they are the target's, and taken from it on load)."""
-        b = self.backend
+        b = self.kernels
         tensors = {name: getattr(self, name) for name in self._TENSORS}
         meta = {"projections": {}, "hidden_prenorm": self.hidden_prenorm, "own_lm_head": self.lm_head is not
                 target.lm_head, "own_embed": self.embed is not target.embed}
@@ -139,13 +135,13 @@ class Eagle3DraftHead:
         return tensors, meta
 
     @classmethod
-    def from_runtime_state(cls, spec: DraftSpec, target, dtype, backend, tensors: dict, meta: dict
+    def from_runtime_state(cls, spec: DraftSpec, target, dtype, kernels, tensors: dict, meta: dict
                            ) -> "Eagle3DraftHead":
         """The head `runtime_state` described, its projections taken as they are (nothing packed or copied)."""
         head = cls.__new__(cls)
-        head.spec, head.dtype, head.hidden_prenorm, head.backend = spec, dtype, meta["hidden_prenorm"], backend
+        head.spec, head.dtype, head.hidden_prenorm, head.kernels = spec, dtype, meta["hidden_prenorm"], kernels
         for name in cls._PROJECTIONS + (("lm_head",) if meta["own_lm_head"] else ()):
-            setattr(head, name, backend.projection_from_state(tensors[name], meta["projections"][name]))
+            setattr(head, name, kernels.projection_from_state(tensors[name], meta["projections"][name]))
         for name in cls._TENSORS:
             setattr(head, name, tensors[name])
         head.fc_bias = tensors.get("fc_bias")
@@ -153,7 +149,7 @@ class Eagle3DraftHead:
             head.lm_head = target.lm_head
         head.embed = tensors["embed"] if meta["own_embed"] else target.embed
         head.rope = Rope(spec.head_dim, spec.rope_theta, spec.rope_scaling, target.rope.cos.shape[0], dtype)
-        head._weights = backend.draft_weights(head)
+        head._weights = kernels.draft_weights(head)
         return head
 
     def new_cache(self, capacity: int, kv_dtype: torch.dtype | None = None, k_scales=None, v_scales=None) -> KVCache:
@@ -183,10 +179,11 @@ class Eagle3DraftHead:
         Returns draft logits [T, draft_vocab] (only the last row with last_only) and the pre-norm
         output hidden [T, H]."""
         cos, sin = self.rope.tables(positions)
-        return self.backend.draft_layer(self._weights, self.spec, hidden, self.embed[tokens], self.hidden_prenorm,
-                                        cos, sin, cache, start, mask, last_only)
+        return self.kernels.draft_layer(self._weights, spec=self.spec, hidden=hidden, e=self.embed[tokens],
+                                        prenorm=self.hidden_prenorm, cos=cos, sin=sin, cache=cache, start=start,
+                                        mask=mask, last_only=last_only)
 
     def top_logp(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft logits [R, V] (or [V]) -> the k most likely draft ids of each row and their log-probs, largest first:
-        (log-probs [R, k] fp32, draft ids [R, k]), in one compiled pass per row on the native backends."""
-        return self.backend.top_logp(logits.view(-1, logits.shape[-1]), k)
+        (log-probs [R, k] fp32, draft ids [R, k]), in one compiled pass per row on the native kernels."""
+        return self.kernels.top_logp(logits.view(-1, logits.shape[-1]), k)

@@ -1,4 +1,4 @@
-"""The torch reference backend's projections `y = x @ W`, with the fastest torch kernel for the dtype and rows.
+"""The torch reference kernels' projections `y = x @ W`, with the fastest torch kernel for the dtype and rows.
 
 Which torch kernel is fastest depends on dtype and rows (docs/bench.md, "The torch reference's projections"): a
 plain GEMM serves fp32 decoding (one row), and a weight prepacked for oneDNN serves tree verification (many rows);

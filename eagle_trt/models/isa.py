@@ -34,7 +34,7 @@ NEEDS = {
     "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"),
     "avx2": ("avx2", "fma"),
 }
-# eagle_trt_isa()'s answer -> the backend's name (0: a build without AVX2 + FMA, which the engine does not use).
+# eagle_trt_isa()'s answer -> the kernels' name (0: a build without AVX2 + FMA, which the engine does not use).
 BACKENDS = {3: "amx", 2: "avx512", 1: "avx2"}
 
 
@@ -88,11 +88,11 @@ def hides_bf16_hardware(isa: str | None = None) -> bool:
     return (isa or requested()) == "avx2"
 
 
-def check_backend(backend: str | None) -> None:
+def check_isa(built: str | None) -> None:
     """EAGLE_TRT_ISA=amx promises AMX: a build whose kernels did not get the tiles (the OS did not grant them) is an
     InputError rather than quietly vector kernels."""
-    if requested() == "amx" and backend != "amx":
-        raise InputError(f"EAGLE_TRT_ISA='amx': the kernels run {backend or 'no'} instructions here, not AMX (the CPU "
+    if requested() == "amx" and built != "amx":
+        raise InputError(f"EAGLE_TRT_ISA='amx': the kernels run {built or 'no'} instructions here, not AMX (the CPU "
                          "has the flags, but the tiles were not granted to this process); unset EAGLE_TRT_ISA")
 
 

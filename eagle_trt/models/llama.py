@@ -3,7 +3,7 @@
 One call runs T tokens at explicit positions against the KV cache: the committed prefix is fully
 visible, and the T new tokens see each other through `tree_mask` (causal when it is None). So the same
 function does prefill, plain decoding (T=1) and tree verification (T = tree size). The layers run on the
-backend chosen when the weights load (`models/backend.py`): one compiled call per forward on the CPU kernels, the
+kernels chosen when the weights load (`models/kernels.py`): one compiled call per forward on the CPU kernels, the
 torch reference elsewhere.
 
     target = LlamaTarget.load("engines/x/target", dtype=torch.float32)
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from eagle_trt.models import weight_cache
-from eagle_trt.models.backend import choose_backend
+from eagle_trt.models.kernels import choose_kernels
 from eagle_trt.models.kv_cache import KVCache
 from eagle_trt.models.layers import Rope
 from eagle_trt.models.spec import TargetSpec
@@ -29,7 +29,7 @@ from eagle_trt.private_cache import WeightSource
 
 @dataclass
 class LayerWeights:
-    # Projections come from the backend (models/backend.py): each weight [in, out], packed for its kernel.
+    # Projections come from the kernels (models/kernels.py): each weight [in, out], packed for its kernel.
     input_norm: torch.Tensor
     qkv: object  # [hidden, (H + 2*Hkv) * D]: q columns, then k, then v
     qkv_bias: torch.Tensor | None
@@ -41,31 +41,31 @@ class LayerWeights:
 
 class LlamaTarget:
     def __init__(self, spec: TargetSpec, embed, layers, norm, lm_head, dtype, max_positions: int | None = None,
-                 backend=None):
-        """`layers`: LayerWeights whose projections `backend` made; `lm_head` [hidden, vocab] (a tensor, packed
+                 kernels=None):
+        """`layers`: LayerWeights whose projections `kernels` made; `lm_head` [hidden, vocab] (a tensor, packed
         here) or a projection."""
         self.spec = spec
         self.embed = embed
-        self.backend = backend or choose_backend(dtype, spec, embed.device)
+        self.kernels = kernels or choose_kernels(dtype, spec, embed.device)
         self.layers: list[LayerWeights] = layers
         self.norm = norm
-        self.lm_head = self.backend.projection(lm_head) if isinstance(lm_head, torch.Tensor) else lm_head
+        self.lm_head = self.kernels.projection(lm_head) if isinstance(lm_head, torch.Tensor) else lm_head
         self.dtype = dtype
         self.rope = Rope(spec.head_dim, spec.rope_theta, spec.rope_scaling,
                          max_positions or spec.max_position_embeddings, dtype)
         self.aux_layer_ids: list[int] = []
-        self._weights = self.backend.target_weights(layers, norm)
+        self._weights = self.kernels.target_weights(layers, norm)
 
     @property
     def row_invariant(self) -> bool:
-        """True when the backend guarantees a verify row is bit-identical to decoding that token alone (for a KV
+        """True when the kernels guarantee a verify row is bit-identical to decoding that token alone (for a KV
         cache in the engine's dtype), which is what keeps greedy speculative output equal to plain decoding."""
-        return self.backend.row_invariant
+        return self.kernels.row_invariant
 
     @property
     def lm_head_rows(self) -> int:
         """Rows the LM head scores in one pass over its weight: scoring up to this many costs about one row."""
-        return self.backend.lm_head_rows
+        return self.kernels.lm_head_rows
 
     # ---- loading -----------------------------------------------------------------------------
     @classmethod
@@ -76,16 +76,16 @@ class LlamaTarget:
         this machine made it before, and is stored there when not (`models/weight_cache.py`)."""
         model_dir = Path(model_dir)
         spec = TargetSpec.from_hf_config(read_json(model_dir / "config.json"), str(model_dir / "config.json"))
-        backend = choose_backend(dtype, spec)
+        kernels = choose_kernels(dtype, spec)
         return weight_cache.load_or_make(
-            cache, role, backend.cache_key,
-            make=lambda: cls.from_state_dict(spec, LazyTensors(model_dir, dtype), dtype, model_dir, backend=backend),
+            cache, role, kernels.cache_key,
+            make=lambda: cls.from_state_dict(spec, LazyTensors(model_dir, dtype), dtype, model_dir, kernels=kernels),
             state_of=lambda model: model.runtime_state(),
-            restore=lambda tensors, meta: cls.from_runtime_state(spec, dtype, backend, tensors, meta))
+            restore=lambda tensors, meta: cls.from_runtime_state(spec, dtype, kernels, tensors, meta))
 
     def runtime_state(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """Every tensor the forward reads, in the backend's layout, and how to rebuild the model from them."""
-        b, tensors, meta = self.backend, {"embed": self.embed, "norm": self.norm}, {"projections": {}}
+        """Every tensor the forward reads, in the kernels' layout, and how to rebuild the model from them."""
+        b, tensors, meta = self.kernels, {"embed": self.embed, "norm": self.norm}, {"projections": {}}
 
         def project(name: str, proj) -> None:
             tensors[name], meta["projections"][name] = b.projection_state(proj)
@@ -101,27 +101,27 @@ class LlamaTarget:
         return tensors, meta
 
     @classmethod
-    def from_runtime_state(cls, spec: TargetSpec, dtype, backend, tensors: dict, meta: dict) -> "LlamaTarget":
+    def from_runtime_state(cls, spec: TargetSpec, dtype, kernels, tensors: dict, meta: dict) -> "LlamaTarget":
         """The model `runtime_state` described, its projections taken as they are (nothing packed or copied)."""
         if meta["num_layers"] != spec.num_layers:
             raise ValueError("the stored layout is for another model")
 
         def project(name: str):
-            return backend.projection_from_state(tensors[name], meta["projections"][name])
+            return kernels.projection_from_state(tensors[name], meta["projections"][name])
 
         layers = [LayerWeights(
             input_norm=tensors[f"layers.{i}.input_norm"], qkv=project(f"layers.{i}.qkv"),
             qkv_bias=tensors.get(f"layers.{i}.qkv_bias"), o=project(f"layers.{i}.o"),
             post_norm=tensors[f"layers.{i}.post_norm"], gate_up=project(f"layers.{i}.gate_up"),
             down=project(f"layers.{i}.down")) for i in range(spec.num_layers)]
-        return cls(spec, tensors["embed"], layers, tensors["norm"], project("lm_head"), dtype, backend=backend)
+        return cls(spec, tensors["embed"], layers, tensors["norm"], project("lm_head"), dtype, kernels=kernels)
 
     @classmethod
-    def from_state_dict(cls, spec: TargetSpec, w: dict, dtype, source="state dict", backend=None) -> "LlamaTarget":
-        """`backend`: the kernels to run on (default: chosen for this dtype and shape, `models/backend.py`)."""
+    def from_state_dict(cls, spec: TargetSpec, w: dict, dtype, source="state dict", kernels=None) -> "LlamaTarget":
+        """`kernels`: the kernels to run on (default: chosen for this dtype and shape, `models/kernels.py`)."""
         s, hd = spec, spec.head_dim
-        backend = backend or choose_backend(dtype, spec, next(iter(w.values())).device if w else "cpu")
-        project = backend.projection
+        kernels = kernels or choose_kernels(dtype, spec, next(iter(w.values())).device if w else "cpu")
+        project = kernels.projection
         q_out, kv_out = s.num_heads * hd, s.num_kv_heads * hd
         embed = take(w, "model.embed_tokens.weight", (s.vocab_size, s.hidden_size), source)
         layers = []
@@ -152,7 +152,7 @@ class LlamaTarget:
         else:
             lm_head = embed  # tied embeddings (SmolLM2)
         # [hidden, vocab]; for tied embeddings this is a transposed copy (the lookup keeps [vocab, hidden]).
-        return cls(spec, embed, layers, norm, lm_head.t().contiguous(), dtype, backend=backend)
+        return cls(spec, embed, layers, norm, lm_head.t().contiguous(), dtype, kernels=kernels)
 
     def new_cache(self, capacity: int, kv_dtype: torch.dtype | None = None, k_scales=None, v_scales=None) -> KVCache:
         s = self.spec
@@ -185,12 +185,12 @@ class LlamaTarget:
 
     def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden [R, H] -> the greedy token of each row [R]: `argmax(logits(hidden))`, with the LM
-        head and the argmax fused where the backend has that kernel (the logits are never written)."""
-        return self.backend.greedy(self.lm_head, hidden)
+        head and the argmax fused where the kernels have that kernel (the logits are never written)."""
+        return self.kernels.greedy(self.lm_head, hidden)
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [R, V] -> the greedy token of each row [R] (torch.argmax's answer)."""
-        return self.backend.argmax(logits)
+        return self.kernels.argmax(logits)
 
     @torch.inference_mode()
     def hidden_states(
@@ -205,10 +205,11 @@ class LlamaTarget:
         """Like `forward`, but returns the final-normed hidden states [T (or rows), H] instead of logits."""
         t = tokens.shape[0]
         start = cache.length
-        x = self.embed[tokens]  # [T, hidden], a fresh tensor (the backend may update it in place)
+        x = self.embed[tokens]  # [T, hidden], a fresh tensor (the kernels may update it in place)
         cos, sin = self.rope.tables(positions)
-        h, aux = self.backend.decoder_stack(self._weights, self.spec, x, cos, sin, cache, start,
-                                            self._mask(t, start, tree_mask), self.aux_layer_ids if need_aux else [])
+        h, aux = self.kernels.decoder_stack(self._weights, spec=self.spec, x=x, cos=cos, sin=sin, cache=cache,
+                                            start=start, mask=self._mask(t, start, tree_mask),
+                                            aux_layers=self.aux_layer_ids if need_aux else [])
         return (h if rows is None else h[rows]), aux
 
     @staticmethod

@@ -1,8 +1,9 @@
-"""The torch reference backend: the decoder layer as torch operators, the oracle the compiled kernels are tested
+"""The torch reference kernels: the decoder layer as torch operators, the oracle the compiled kernels are tested
 against, and the engine wherever they are not available (no compiler, EAGLE_TRT_NATIVE=0, a GPU, float16).
 
-    backend = TorchBackend(torch.float32)
-    h, aux = backend.decoder_stack(backend.target_weights(layers, norm), spec, x, cos, sin, cache, start, mask, [1])
+    kernels = TorchKernels(torch.float32)
+    h, aux = kernels.decoder_stack(kernels.target_weights(layers, norm), spec=spec, x=x, cos=cos, sin=sin, cache=cache,
+                                   start=start, mask=mask, aux_layers=[1])
 
 Rows: fp32 takes torch's fused attention and its GEMMs, which sum a verify row in another order than a one-row call
 (last-bit differences; `row_invariant` is False). bf16 takes float64 attention (products of bf16 inputs are exact
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from eagle_trt.models.kernel_api import HeadStack, Kernels, TargetStack
 from eagle_trt.models.gemm import INVARIANT_ROWS, Projection, bf16_hardware, prepack_enabled
 from eagle_trt.models.layers import Rope, additive_mask, attention, attention_fp64, rms_norm, swiglu_mlp
 
@@ -66,7 +68,7 @@ def draft_layer(head, spec, hidden, e, prenorm: bool, cos, sin, cache, start: in
     return logits, out
 
 
-class TorchBackend:
+class TorchKernels:
     """The decoder layer on torch operators (see the module docstring); `reason` says why the compiled kernels do
     not serve, when they were wanted."""
 
@@ -95,21 +97,24 @@ class TorchBackend:
     def projection_from_state(self, w: torch.Tensor, meta: dict) -> Projection:
         return Projection(w)
 
-    def target_weights(self, layers, norm):
-        return layers, norm
+    def fitted(self, inputs) -> Kernels:
+        return self
 
-    def decoder_stack(self, weights, spec, x, cos, sin, cache, start, mask, aux_layers):
-        layers, norm = weights
+    def target_weights(self, layers, norm) -> TargetStack:
+        return TargetStack(layers, norm)
+
+    def decoder_stack(self, weights: TargetStack, *, spec, x, cos, sin, cache, start, mask, aux_layers):
         if mask is not None and self.attend is attention_fp64:  # its additive form, made once for every layer
             mask = additive_mask(mask, spec.num_heads // spec.num_kv_heads)
-        return target_layers(layers, norm, spec, x, cos, sin, cache, start, mask, aux_layers, self.attend)
+        return target_layers(weights.layers, weights.norm, spec, x, cos, sin, cache, start, mask, aux_layers,
+                             self.attend)
 
-    def draft_weights(self, head):
-        return head
+    def draft_weights(self, head) -> HeadStack:
+        return HeadStack(head)
 
-    def draft_layer(self, head, spec, hidden, e, prenorm, cos, sin, cache, start, mask, last_only):
+    def draft_layer(self, weights: HeadStack, *, spec, hidden, e, prenorm, cos, sin, cache, start, mask, last_only):
         # The head only proposes: torch's fused attention serves it in every dtype.
-        return draft_layer(head, spec, hidden, e, prenorm, cos, sin, cache, start, mask, last_only, attention)
+        return draft_layer(weights.head, spec, hidden, e, prenorm, cos, sin, cache, start, mask, last_only, attention)
 
     def greedy(self, lm_head, hidden: torch.Tensor) -> torch.Tensor:
         return lm_head(hidden).argmax(dim=-1)

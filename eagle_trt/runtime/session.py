@@ -87,10 +87,10 @@ class Session:
 
     @property
     def kernels(self) -> str:
-        """The kernels the engine runs on, chosen when it was opened: amx, avx512, avx2 or torch (models/backend.py);
+        """The kernels the engine runs on, chosen when it was opened: amx, avx512, avx2 or torch (models/kernels.py);
         tensorrt-llm for a TensorRT-LLM engine."""
-        backend = getattr(getattr(self.runner, "target", None), "backend", None)
-        return backend.name if backend is not None else "tensorrt-llm"
+        kernels = getattr(getattr(self.runner, "target", None), "kernels", None)
+        return kernels.name if kernels is not None else "tensorrt-llm"
 
     @cached_property
     def tuned(self) -> dict:
@@ -124,7 +124,7 @@ def warm_runtime_layout(engine: Path) -> str | None:
     if layouts_dir() is None:
         return None
     # Hashed again: a layout is stored only from bytes proven to be the manifest's (models/weight_cache.py).
-    return Session.open(engine, verify=True, just_written=True).runner.target.backend.name
+    return Session.open(engine, verify=True, just_written=True).runner.target.kernels.name
 
 
 def check_prompt_text(prompt: str) -> None:

@@ -2,12 +2,12 @@
 
     from eagle_trt.models import native
     lib = native.library()          # None: disabled, no compiler, or the build failed (native.unavailable says why)
-    lib.backend                     # "amx", "avx512" or "avx2"
+    lib.isa                     # "amx", "avx512" or "avx2"
 
 - `isa.py`      which instruction set to build for (EAGLE_TRT_ISA forces a lower one)
 - `build.py`    compile once per source, flags and CPU into a shared cache (locked, atomic, with a timeout)
 - `bindings.py` the ctypes table, read from csrc/kernels.h
-- `gemm.py`, `ops.py`, `stack.py`  the Python faces of the kernels; `backend.py` puts them together for a model
+- `gemm.py`, `ops.py`, `stack.py`  the Python faces of the kernels; `kernels.py` puts them together for a model
 
 EAGLE_TRT_NATIVE=0 turns the kernels off (the torch reference runs). EAGLE_TRT_REQUIRE_NATIVE=1 makes a missing
 compiler or a failed build an error instead of a fallback (for CI: a skipped kernel test would hide it).
@@ -64,11 +64,11 @@ def library():
             _state["why"] = str(exc)
             log.warning("native kernels unavailable (the torch reference runs instead): %s", exc)
         else:
-            if _state["lib"].backend is None:
+            if _state["lib"].isa is None:
                 _state["lib"], _state["why"] = None, "this CPU (or EAGLE_TRT_ISA) lacks AVX2 + FMA"
             else:
                 try:
-                    isa.check_backend(_state["lib"].backend)
+                    isa.check_isa(_state["lib"].isa)
                 except Exception:
                     _state.clear()
                     raise

@@ -6,7 +6,8 @@ and its checks. These run the same kernels in C++, for fp32 or bf16 activations 
 packed weights say which), and every kernel keeps each row a function of that row alone.
 
     table = StackWeights(layers, final_norm)
-    h, aux = decoder_stack(lib, table, spec, x, cos, sin, cache.k, cache.v, start, mask, aux_layers)
+    h, aux = decoder_stack(lib, table, spec=spec, x=x, cos=cos, sin=sin, k_cache=cache.k, v_cache=cache.v,
+                           start=start, mask=mask, aux_layers=aux_layers)
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, dtype, need: int,
         raise RuntimeError(f"KV cache full: need {need} slots, capacity {k_cache.shape[-2]}")
 
 
-def decoder_stack(lib, weights: StackWeights, spec, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+def decoder_stack(lib, weights: StackWeights, *, spec, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, mask: torch.Tensor | None,
                   aux_layers: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """x [T, hidden] (updated in place to the last layer's output), cos/sin [T, D], caches [L, Hkv, capacity, D],
@@ -116,7 +117,7 @@ class DraftWeights:
         self.keep, self.vocab = row, head.lm_head.out_features
 
 
-def draft_layer(lib, weights: DraftWeights, spec, hidden: torch.Tensor, e: torch.Tensor, prenorm: bool,
+def draft_layer(lib, weights: DraftWeights, *, spec, hidden: torch.Tensor, e: torch.Tensor, prenorm: bool,
                 cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
                 mask: torch.Tensor | None, last_only: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden, e [T, H]; cos/sin [T, D]; caches [Hkv, capacity, D] views; mask [T, start + T] bool or None ->

@@ -1,9 +1,10 @@
-"""The compiled kernels as a model's backend (amx, avx512 or avx2): one compiled call per target forward and per
+"""The compiled kernels for a model (amx, avx512 or avx2): one compiled call per target forward and per
 draft-head forward, every row a function of that row alone, for fp32 and bf16 engines.
 
-    backend = NativeBackend(native.library(), torch.bfloat16, amx=True)
-    proj = backend.projection(w)                   # packed once for the chosen kernel
-    h, aux = backend.decoder_stack(backend.target_weights(layers, norm), spec, x, cos, sin, cache, start, mask, [1])
+    kernels = NativeKernels(native.library(), torch.bfloat16, amx=True)
+    proj = kernels.projection(w)                   # packed once for the chosen kernel
+    h, aux = kernels.decoder_stack(kernels.target_weights(layers, norm), spec=spec, x=x, cos=cos, sin=sin, cache=cache,
+                                   start=start, mask=mask, aux_layers=[1])
 
 A KV cache the kernels cannot write themselves (stored in another dtype than the engine's, such as fp8, or one that
 watches its writes) makes that forward run the torch reference loop with these projections and this attention.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from eagle_trt.models import reference
+from eagle_trt.models.kernel_api import HeadStack, Kernels, TargetStack
 from eagle_trt.models.kv_cache import KVCache
 from eagle_trt.models.native import gemm, ops, stack
 
@@ -26,24 +28,27 @@ def _native_cache(cache, dtype) -> bool:
     return cache.k.dtype is dtype and not cache.quantized and type(cache).write is KVCache.write
 
 
-class NativeBackend:
+class NativeKernels:
     row_invariant = True  # every kernel keeps each output row a function of that row alone (csrc/*.cpp)
 
     def __init__(self, lib, dtype: torch.dtype, amx: bool = False):
         if dtype not in _DTYPES:
             raise ValueError(f"the native kernels take float32 or bfloat16, not {dtype}")
-        if amx and (dtype is not torch.bfloat16 or lib.backend != "amx"):
+        if amx and (dtype is not torch.bfloat16 or lib.isa != "amx"):
             raise ValueError("AMX projections need a bf16 engine on a CPU that grants the tiles")
         self.lib, self.dtype, self.amx = lib, dtype, amx
-        # The projections' kernel names the backend: AMX tiles, else this build's vectors.
+        # The projections' kernel gives the name: AMX tiles, else this build's vectors.
         self.name = "amx" if amx else ("avx512" if lib.isa_code >= 2 else "avx2")
         self.attend = ops.Attention(lib)
         self.lm_head_rows = gemm.AMX_ROWS if amx else gemm.SIMD_ROWS
         self.reason = None
 
-    def without_amx(self) -> "NativeBackend":
-        """The same kernels with the projections on the vector kernel (for weights the AMX kernel does not take)."""
-        return NativeBackend(self.lib, self.dtype, amx=False) if self.amx else self
+    def fitted(self, inputs) -> Kernels:
+        """These kernels for projections of these input sizes: AMX only where every one fits its K blocks, else the
+        same build's vector kernel. The one place that decides whether a model's projections run on AMX."""
+        if self.amx and not all(gemm.amx_fits(k) for k in inputs):
+            return NativeKernels(self.lib, self.dtype, amx=False)
+        return self
 
     def projection(self, w: torch.Tensor) -> gemm.NativeProjection:
         return gemm.NativeProjection(self.lib, w, amx=self.amx)
@@ -62,31 +67,30 @@ class NativeBackend:
         return gemm.NativeProjection.from_packed(self.lib, w, meta["in"], meta["out"], meta["amx"])
 
     # ---- the target -----------------------------------------------------------------------------------------
-    def target_weights(self, layers, norm):
-        return stack.StackWeights(layers, norm), (layers, norm)
+    def target_weights(self, layers, norm) -> TargetStack:
+        return TargetStack(layers, norm, stack.StackWeights(layers, norm))
 
-    def decoder_stack(self, weights, spec, x, cos, sin, cache, start, mask, aux_layers):
-        table, (layers, norm) = weights
+    def decoder_stack(self, weights: TargetStack, *, spec, x, cos, sin, cache, start, mask, aux_layers):
         if not _native_cache(cache, self.dtype):
-            return reference.target_layers(layers, norm, spec, x, cos, sin, cache, start, mask, aux_layers,
-                                           self.attend)
-        return stack.decoder_stack(self.lib, table, spec, x.contiguous(), cos, sin, cache.k, cache.v, start, mask,
-                                   aux_layers)
+            return reference.target_layers(weights.layers, weights.norm, spec, x, cos, sin, cache, start, mask,
+                                           aux_layers, self.attend)
+        return stack.decoder_stack(self.lib, weights.table, spec=spec, x=x.contiguous(), cos=cos, sin=sin,
+                                   k_cache=cache.k, v_cache=cache.v, start=start, mask=mask, aux_layers=aux_layers)
 
     # ---- the draft head -------------------------------------------------------------------------------------
-    def draft_weights(self, head):
+    def draft_weights(self, head) -> HeadStack:
         try:
-            return stack.DraftWeights(head), head
+            return HeadStack(head, stack.DraftWeights(head))
         except ValueError:  # a head whose LM head (the target's) is packed for another kernel: its layer loop
-            return None, head
+            return HeadStack(head)
 
-    def draft_layer(self, weights, spec, hidden, e, prenorm, cos, sin, cache, start, mask, last_only):
-        table, head = weights
-        if table is None or not _native_cache(cache, self.dtype):
-            return reference.draft_layer(head, spec, hidden, e, prenorm, cos, sin, cache, start, mask, last_only,
-                                         self.attend)
-        return stack.draft_layer(self.lib, table, spec, hidden, e, prenorm, cos, sin, cache.k[0], cache.v[0], start,
-                                 mask, last_only)
+    def draft_layer(self, weights: HeadStack, *, spec, hidden, e, prenorm, cos, sin, cache, start, mask, last_only):
+        if weights.table is None or not _native_cache(cache, self.dtype):
+            return reference.draft_layer(weights.head, spec, hidden, e, prenorm, cos, sin, cache, start, mask,
+                                         last_only, self.attend)
+        return stack.draft_layer(self.lib, weights.table, spec=spec, hidden=hidden, e=e, prenorm=prenorm, cos=cos,
+                                 sin=sin, k_cache=cache.k[0], v_cache=cache.v[0], start=start, mask=mask,
+                                 last_only=last_only)
 
     # ---- reading logits -------------------------------------------------------------------------------------
     def greedy(self, lm_head, hidden: torch.Tensor) -> torch.Tensor:

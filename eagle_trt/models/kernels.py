@@ -1,8 +1,8 @@
 """Which kernels run a model: chosen once, when its weights are loaded, and named in `run --json` and `bench`.
 
-    backend = choose_backend(torch.bfloat16, spec)
-    backend.name            # "amx", "avx512", "avx2" or "torch"
-    backend.row_invariant   # a verify row is bit-identical to decoding that token alone
+    kernels = choose_kernels(torch.bfloat16, spec)
+    kernels.name            # "amx", "avx512", "avx2" or "torch"
+    kernels.row_invariant   # a verify row is bit-identical to decoding that token alone
 
 - amx / avx512 / avx2: the compiled kernels (models/native/), one compiled call per forward. AMX projections where
   the CPU grants the tiles, the engine is bf16 and every projection's input size is a multiple of 32; otherwise
@@ -16,11 +16,11 @@ from __future__ import annotations
 import torch
 
 from eagle_trt.models import native
+from eagle_trt.models.kernel_api import Kernels
 from eagle_trt.models.gemm import bf16_hardware
-from eagle_trt.models.native import gemm as native_gemm
 from eagle_trt.models.native import ops as native_ops
-from eagle_trt.models.native.backend import NativeBackend
-from eagle_trt.models.reference import TorchBackend
+from eagle_trt.models.native.kernels import NativeKernels
+from eagle_trt.models.reference import TorchKernels
 
 
 def cpu_has_native_bf16() -> bool:
@@ -51,18 +51,16 @@ def unfit(spec) -> str | None:
     return None
 
 
-def choose_backend(dtype: torch.dtype, spec, device: torch.device | str = "cpu"):
-    """The backend for a target of this dtype and layer shape (an EAGLE-3 head takes its target's: see
+def choose_kernels(dtype: torch.dtype, spec, device: torch.device | str = "cpu") -> Kernels:
+    """The kernels for a target of this dtype and layer shape (an EAGLE-3 head takes its target's: see
     `Eagle3DraftHead`)."""
     device = torch.device(device)
     if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
-        return TorchBackend(dtype, device)
+        return TorchKernels(dtype, device)
     lib = native.library()
     if lib is None:
-        return TorchBackend(dtype, device, reason=native.unavailable())
+        return TorchKernels(dtype, device, reason=native.unavailable())
     why = unfit(spec)
     if why is not None:
-        return TorchBackend(dtype, device, reason=f"the kernels do not take {why}")
-    amx = lib.backend == "amx" and dtype == torch.bfloat16 and all(
-        native_gemm.amx_fits(k) for k in projection_inputs(spec))
-    return NativeBackend(lib, dtype, amx=amx)
+        return TorchKernels(dtype, device, reason=f"the kernels do not take {why}")
+    return NativeKernels(lib, dtype, amx=lib.isa == "amx" and dtype == torch.bfloat16).fitted(projection_inputs(spec))
