@@ -52,7 +52,7 @@ def projections(reps: int) -> None:
 
     lib = native.library()
     print(f"projection [576 x 3072], ms per call, median (min) [weight GB/s at one row, from the min]; kernels: "
-          f"{lib.isa if lib else 'none: ' + str(native.unavailable())}")
+          f"{lib.isa_name if lib else 'none: ' + str(native.unavailable())}")
     for dtype in (torch.float32, torch.bfloat16):
         ws = [torch.randn(576, 3072).to(dtype) for _ in range(30)]
         kinds = {"x @ W": [Projection(w, prepack=False) for w in ws]}
@@ -61,7 +61,7 @@ def projections(reps: int) -> None:
             kinds["oneDNN prepacked"] = packed
         if lib is not None:
             kinds["vector kernel"] = [NativeProjection(lib, w) for w in ws]
-            if lib.isa == "amx" and dtype == torch.bfloat16:
+            if lib.isa_name == "amx" and dtype == torch.bfloat16:
                 kinds["AMX kernel"] = [NativeProjection(lib, w, amx=True) for w in ws]
         for rows in (1, 16, 17, 32):
             x = torch.randn(rows, 576).to(dtype)

@@ -30,9 +30,9 @@ def backends(dtype) -> dict:
     lib = native.library()
     if lib is not None:
         out["native"] = None  # the engine's own choice
-        if lib.isa != "avx2":
+        if lib.isa_name != "avx2":
             out["avx2"] = NativeKernels(bindings.Library(build.build(target_isa="avx2")), dtype)
-        if lib.isa == "amx":
+        if lib.isa_name == "amx":
             out["vectors"] = NativeKernels(lib, dtype, amx=False)
     out["torch"] = TorchKernels(dtype)
     return out

@@ -22,8 +22,8 @@ def builds() -> dict:
     lib = native.library()
     if lib is None:
         return {}
-    out = {lib.isa: lib}
-    if lib.isa != "avx2":
+    out = {lib.isa_name: lib}
+    if lib.isa_name != "avx2":
         out["avx2"] = bindings.Library(build.build(target_isa="avx2"))
     return out
 

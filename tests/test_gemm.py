@@ -98,9 +98,9 @@ def test_the_machine_s_backend_is_chosen_once(tiny_model_dir):
     assert target.kernels.name == head_backend.name
     if builds():
         lib = next(iter(builds().values()))
-        assert target.kernels.name == lib.isa and target.row_invariant
+        assert target.kernels.name == lib.isa_name and target.row_invariant
         assert LlamaTarget.load(tiny_model_dir, dtype=torch.float32).kernels.name == (
-            "avx2" if lib.isa == "avx2" else "avx512")
+            "avx2" if lib.isa_name == "avx2" else "avx512")
     else:
         assert target.kernels.name == "torch"
 

@@ -100,7 +100,7 @@ def test_header_parser_reads_pointers_and_scalars():
 
 @needs_lib
 def test_loaded_library_names_its_backend():
-    assert lib.isa in ("amx", "avx512", "avx2")
+    assert lib.isa_name in ("amx", "avx512", "avx2")
     assert lib.gemm_packed_size(10, 3, 0) == 2 * lib.lanes() * 10  # one panel of 2 vectors
 
 
@@ -160,7 +160,7 @@ def _python(code: str, **env) -> subprocess.CompletedProcess:
 @needs_lib
 def test_forced_avx2_build_runs_the_avx2_backend(tmp_path):
     out = _python("from eagle_trt.models import native; from eagle_trt.models.gemm import bf16_hardware; "
-                  "print(native.library().isa, bf16_hardware())",
+                  "print(native.library().isa_name, bf16_hardware())",
                   EAGLE_TRT_ISA="avx2", EAGLE_TRT_CACHE=str(tmp_path))
     assert out.returncode == 0 and out.stdout.split() == ["avx2", "False"], out.stderr
 

@@ -72,7 +72,7 @@ def test_a_cache_in_another_dtype_takes_the_reference_loop(tiny_model_dir, build
 @pytest.mark.parametrize("build", build_names())
 def test_stack_checks_its_input(tiny_model_dir, build):
     target = load_target(tiny_model_dir, torch.bfloat16, _kernels(build, torch.bfloat16))
-    table = target._weights[0]
+    table = target._weights.table
     cache = target.new_cache(4)
     cos, sin = target.rope.tables(torch.arange(2))
     x = target.embed[torch.tensor([1, 2])]

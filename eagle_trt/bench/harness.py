@@ -184,7 +184,8 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
             progress("measuring memory bandwidth and the verify-cost curve")
         context = int(sum(len(i) for _, i in encoded) / len(encoded)) + max_new_tokens // 2
         max_tree = max(65, session.decode_config().tree_capacity())
-        results["machine"] = roofline.measure_machine(session.runner.target, context, max_tree, bandwidth_mb)
+        results["machine"] = roofline.measure_machine(session.runner.target, context, max_tree, bandwidth_mb,
+                                                      aux_layers=session.runner.aux_layers)
         results["roofline"] = roofline.derive(results["machine"], results["summary"])
     if out is not None:
         results["plots"] = [str(p) for p in (_plots(results, out) if plots else [])]

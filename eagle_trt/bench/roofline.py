@@ -40,10 +40,12 @@ def target_weight_bytes(target) -> int:
     return total
 
 
-def forward_curve(target, sizes: list[int], context: int = 128, reps: int = 5) -> dict[int, float]:
+def forward_curve(target, sizes: list[int], context: int = 128, reps: int = 5,
+                  aux_layers: list[int] = ()) -> dict[int, float]:
     """Median seconds of one target forward over T new tokens after `context` cached tokens, per T.
 
-    Shapes match tree verification (need_aux=True, a [T, T] mask); T=1 is a plain decoding step."""
+    Shapes match tree verification (the features of `aux_layers`, the runner's, and a [T, T] mask); T=1 is a plain
+    decoding step."""
     g = torch.Generator().manual_seed(0)
     vocab = target.spec.vocab_size
     cache = target.new_cache(context + max(sizes) + 1)
@@ -56,7 +58,8 @@ def forward_curve(target, sizes: list[int], context: int = 128, reps: int = 5) -
         positions = torch.arange(context, context + t)
         mask = torch.ones(t, t, dtype=torch.bool).tril_()
         out[t] = median_seconds(lambda: target.forward(tokens, positions, cache, mask if t > 1 else None,
-                                                     need_aux=bool(target.aux_layer_ids)), reps)
+                                                     need_aux=bool(aux_layers), aux_layers=list(aux_layers)),
+                              reps)
     return out
 
 
@@ -69,13 +72,15 @@ def default_sizes(limit: int) -> list[int]:
     return [s for s in base if s <= limit] + ([limit] if limit not in base and limit > 1 else [])
 
 
-def measure_machine(target, context: int, max_tree: int, bandwidth_mb: int = 256, reps: int = 5) -> dict:
+def measure_machine(target, context: int, max_tree: int, bandwidth_mb: int = 256, reps: int = 5,
+                    aux_layers: list[int] = ()) -> dict:
     """Copy bandwidth, target weight bytes and the forward-cost curve, measured now on this machine."""
     return {
         "copy_bandwidth_gb_s": copy_bandwidth(bandwidth_mb) / 1e9,
         "weight_bytes": target_weight_bytes(target),
         "context_tokens": context,
-        "forward_ms": {t: s * 1e3 for t, s in forward_curve(target, default_sizes(max_tree), context, reps).items()},
+        "forward_ms": {t: s * 1e3 for t, s in forward_curve(target, default_sizes(max_tree), context, reps,
+                                                                      aux_layers).items()},
         "threads": torch.get_num_threads(),
     }
 

@@ -109,7 +109,8 @@ def measure_costs(session, state: dict, settings: list[Setting], reps: int = 3,
     at_root()
     max_tree = max(s.total_tokens for s in settings) + 1 + math.ceil(max_rows)
     context = n
-    verify = {t: s * 1e3 for t, s in forward_curve(runner.target, default_sizes(max_tree), context, reps).items()}
+    verify = {t: s * 1e3 for t, s in forward_curve(runner.target, default_sizes(max_tree), context, reps,
+                                                                    runner.aux_layers).items()}
     return {"draft_ms": draft, "extend_ms": extend, "verify_ms": verify, "lookup_ms": lookup,
             "context_tokens": context}
 

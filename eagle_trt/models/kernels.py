@@ -63,4 +63,4 @@ def choose_kernels(dtype: torch.dtype, spec, device: torch.device | str = "cpu")
     why = unfit(spec)
     if why is not None:
         return TorchKernels(dtype, device, reason=f"the kernels do not take {why}")
-    return NativeKernels(lib, dtype, amx=lib.isa == "amx" and dtype == torch.bfloat16).fitted(projection_inputs(spec))
+    return NativeKernels(lib, dtype, amx=lib.isa_name == "amx" and dtype == torch.bfloat16).fitted(projection_inputs(spec))

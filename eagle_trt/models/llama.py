@@ -169,14 +169,15 @@ class LlamaTarget:
         tree_mask: torch.Tensor | None = None,
         need_aux: bool = False,
         logits_rows: torch.Tensor | None = None,
+        aux_layers: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """tokens, positions: [T]; tree_mask: [T, T] bool (row sees column) or None for causal.
 
         Writes K/V at slots [cache.length, cache.length + T) without advancing cache.length.
         Returns logits [T, V] (or only `logits_rows`) and, with need_aux, the EAGLE-3 features
-        [T, len(aux_layer_ids) * hidden]: outputs of the decoder layers in `aux_layer_ids`.
+        [T, len(layers) * hidden]: outputs of the decoder layers `aux_layers` (default: `aux_layer_ids`).
         """
-        hidden, aux = self.hidden_states(tokens, positions, cache, tree_mask, need_aux, logits_rows)
+        hidden, aux = self.hidden_states(tokens, positions, cache, tree_mask, need_aux, logits_rows, aux_layers)
         return self.logits(hidden), aux
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -201,15 +202,18 @@ class LlamaTarget:
         tree_mask: torch.Tensor | None = None,
         need_aux: bool = False,
         rows: torch.Tensor | None = None,
+        aux_layers: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Like `forward`, but returns the final-normed hidden states [T (or rows), H] instead of logits."""
+        if need_aux and aux_layers is None:
+            aux_layers = self.aux_layer_ids
         t = tokens.shape[0]
         start = cache.length
         x = self.embed[tokens]  # [T, hidden], a fresh tensor (the kernels may update it in place)
         cos, sin = self.rope.tables(positions)
         h, aux = self.kernels.decoder_stack(self._weights, spec=self.spec, x=x, cos=cos, sin=sin, cache=cache,
                                             start=start, mask=self._mask(t, start, tree_mask),
-                                            aux_layers=self.aux_layer_ids if need_aux else [])
+                                            aux_layers=aux_layers if need_aux else [])
         return (h if rows is None else h[rows]), aux
 
     @staticmethod

@@ -92,12 +92,13 @@ class Runner:
         self.max_input_len = max_input_len or capacity
         # Positions the target (and the head, which shares its RoPE range) can take: 0 .. max_positions - 1.
         self.max_positions = target.spec.max_position_embeddings
+        # The target layers whose outputs the drafter reads (an EAGLE-3 head's; none for a draft model).
+        self.aux_layers: list[int] = []
         if head is not None:
-            head_aux = head.spec.aux_layer_ids
-            if max(head_aux) >= target.spec.num_layers:
-                raise InputError(f"draft head reads target layer {max(head_aux)}, but the target has "
+            self.aux_layers = list(head.spec.aux_layer_ids)
+            if max(self.aux_layers) >= target.spec.num_layers:
+                raise InputError(f"draft head reads target layer {max(self.aux_layers)}, but the target has "
                                  f"{target.spec.num_layers} layers")
-            target.aux_layer_ids = list(head_aux)
         self.cache = target.new_cache(capacity, kv_dtype, k_scales, v_scales)
         if head is not None:
             drafter = Drafter(head, capacity, kv_dtype, draft_k_scales, draft_v_scales, self.max_positions)
@@ -128,7 +129,7 @@ class Runner:
         ids = torch.tensor(seq)
         self.cache.length = 0
         _, aux = self.target.hidden_states(ids, torch.arange(ids.numel()), self.cache, need_aux=True,
-                                           rows=torch.tensor([ids.numel() - 1]))
+                                           rows=torch.tensor([ids.numel() - 1]), aux_layers=self.aux_layers)
         self.cache.length = ids.numel()
         return aux
 
@@ -139,9 +140,11 @@ class Runner:
         target has that kernel) and the features, if asked."""
         last = torch.tensor([ids.numel() - 1]) if ids.numel() > 1 else None  # one token: its only row
         if request.greedy:
-            hidden, aux = self.target.hidden_states(ids, positions, self.cache, need_aux=need_aux, rows=last)
+            hidden, aux = self.target.hidden_states(ids, positions, self.cache, need_aux=need_aux, rows=last,
+                                                    aux_layers=self.aux_layers)
             return int(self.target.greedy(hidden)[0]), aux
-        logits, aux = self.target.forward(ids, positions, self.cache, need_aux=need_aux, logits_rows=last)
+        logits, aux = self.target.forward(ids, positions, self.cache, need_aux=need_aux, logits_rows=last,
+                                          aux_layers=self.aux_layers)
         return request.pick(logits[-1], self.target.argmax), aux
 
     def _prefill(self, request: Request, need_aux: bool) -> tuple[int, torch.Tensor | None]:
@@ -236,7 +239,8 @@ class Runner:
         """One target forward over root + tree; node i sits at position n + depth(i) and sees its ancestors."""
         tree = draft.tree()
         hidden, aux = self.target.hidden_states(tree.tokens, tree.positions(self.cache.length), self.cache,
-                                                tree.mask, need_aux=self.drafter.needs_features)
+                                                tree.mask, need_aux=self.drafter.needs_features,
+                                                aux_layers=self.aux_layers)
         return Verified(hidden, aux)
 
     def _fallback(self, request: Request, state: _Decoding) -> None:

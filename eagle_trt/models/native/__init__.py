@@ -2,7 +2,7 @@
 
     from eagle_trt.models import native
     lib = native.library()          # None: disabled, no compiler, or the build failed (native.unavailable says why)
-    lib.isa                     # "amx", "avx512" or "avx2"
+    lib.isa_name                     # "amx", "avx512" or "avx2"
 
 - `isa.py`      which instruction set to build for (EAGLE_TRT_ISA forces a lower one)
 - `build.py`    compile once per source, flags and CPU into a shared cache (locked, atomic, with a timeout)
@@ -64,11 +64,11 @@ def library():
             _state["why"] = str(exc)
             log.warning("native kernels unavailable (the torch reference runs instead): %s", exc)
         else:
-            if _state["lib"].isa is None:
+            if _state["lib"].isa_name is None:
                 _state["lib"], _state["why"] = None, "this CPU (or EAGLE_TRT_ISA) lacks AVX2 + FMA"
             else:
                 try:
-                    isa.check_isa(_state["lib"].isa)
+                    isa.check_isa(_state["lib"].isa_name)
                 except Exception:
                     _state.clear()
                     raise

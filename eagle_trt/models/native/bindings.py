@@ -61,6 +61,6 @@ class Library:
         self.isa_code = int(self._cdll.eagle_trt_isa())  # 3 AMX, 2 AVX-512, 1 AVX2 + FMA, 0 none of them
 
     @property
-    def isa(self) -> str | None:
+    def isa_name(self) -> str | None:
         """amx, avx512 or avx2: what this build runs on this CPU; None for a build without AVX2 + FMA."""
         return BACKENDS.get(self.isa_code)

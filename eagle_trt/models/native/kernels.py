@@ -34,7 +34,7 @@ class NativeKernels:
     def __init__(self, lib, dtype: torch.dtype, amx: bool = False):
         if dtype not in _DTYPES:
             raise ValueError(f"the native kernels take float32 or bfloat16, not {dtype}")
-        if amx and (dtype is not torch.bfloat16 or lib.isa != "amx"):
+        if amx and (dtype is not torch.bfloat16 or lib.isa_name != "amx"):
             raise ValueError("AMX projections need a bf16 engine on a CPU that grants the tiles")
         self.lib, self.dtype, self.amx = lib, dtype, amx
         # The projections' kernel gives the name: AMX tiles, else this build's vectors.
