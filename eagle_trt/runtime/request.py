@@ -37,6 +37,11 @@ class Request:
     index: NgramIndex | None = None
     gate: CopyGate | None = None
     output: list[int] = field(default_factory=list)
+    # Between speculative steps: the root (chosen by the target, not yet in its KV cache), the request's proposers
+    # (runtime/proposers.py), and the drafter catch-up time the next step is charged with.
+    root: int | None = None
+    proposers: list = field(default_factory=list)
+    carry_draft_s: float = 0.0
     misses: int = 0  # verify steps in a row that accepted no draft token (for the fallback)
     committed_steps: int = 0  # tokens the verify steps committed (accepted + bonus) and the time they took: what a
     committed_s: float = 0.0  # token is worth to the copy gate

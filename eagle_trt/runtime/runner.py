@@ -30,7 +30,7 @@ from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.runtime.drafter import Drafter
 from eagle_trt.runtime.metrics import GenerationMetrics, StepRecord
-from eagle_trt.runtime.proposers import CONTEXT, DATASTORE, DRAFTER, DraftTree, Proposer, request_proposers
+from eagle_trt.runtime.proposers import CONTEXT, DATASTORE, DRAFTER, DraftTree, request_proposers
 from eagle_trt.runtime.request import Request
 from eagle_trt.runtime.tree_drafter import TreeDrafter
 from eagle_trt.speculative.copy_gate import RowPrice
@@ -64,16 +64,6 @@ class Accepted:
     path: torch.Tensor
     bonus: int
     tokens: list[int]
-
-
-@dataclass
-class _Decoding:
-    """Where a speculative generation stands between steps: the root (chosen, not yet in the KV cache), the drafter
-    catch-up time the next step is charged, and the request's proposers."""
-
-    root: int
-    proposers: list[Proposer]
-    carry_draft_s: float = 0.0
 
 
 class Runner:
@@ -179,28 +169,29 @@ class Runner:
             return
         t = time.perf_counter()
         self.drafter.start(torch.tensor(request.prompt_ids), aux, root)
-        state = _Decoding(root, request_proposers(self.drafter, self.datastore, request), time.perf_counter() - t)
+        request.root, request.carry_draft_s = root, time.perf_counter() - t
+        request.proposers = request_proposers(self.drafter, self.datastore, request)
         cfg = request.config
         while not request.done:
             if cfg.fallback_after and request.misses >= cfg.fallback_after:
-                self._fallback(request, state)
+                self._fallback(request)
                 if request.done:
                     return
             # The deepest node sits at position n + depth: no node (drafted or copied) goes deeper than the tokens
             # still to emit, nor past the model's last position.
             room = min(request.left, self.max_positions - 1 - self.cache.length)
             if room < 1:  # the root's own forward gives the last token
-                nxt, _ = self._plain_step(request, state.root, need_aux=False)
+                nxt, _ = self._plain_step(request, request.root, need_aux=False)
                 request.commit([nxt])
                 if not request.done:
                     request.metrics.stop_reason = "context"
                 return
-            self._step(request, state, room)
+            self._step(request, room)
 
-    def _step(self, request: Request, state: _Decoding, room: int) -> None:
+    def _step(self, request: Request, room: int) -> None:
         """One speculative step: draft -> verify -> accept -> commit."""
         t_draft = time.perf_counter()
-        draft = self._draft(request, state, room)
+        draft = self._draft(request, room)
         t_verify = time.perf_counter()
         verified = self._verify(draft)
         accepted = self._accept(request, draft, verified)
@@ -211,27 +202,27 @@ class Runner:
         t_done = time.perf_counter()
         self.row_price.add_step(draft.size, 1000 * (t_done - t_verify))
         kept = request.commit(accepted.tokens + [accepted.bonus])
-        request.metrics.steps.append(_record(draft, accepted, kept, state.carry_draft_s + (t_verify - t_draft),
+        request.metrics.steps.append(_record(draft, accepted, kept, request.carry_draft_s + (t_verify - t_draft),
                                              t_done - t_verify))
         request.misses = request.misses + 1 if not accepted.tokens else 0
         if request.done:
             return
         request.committed_steps += len(accepted.tokens) + 1
-        request.committed_s += state.carry_draft_s + t_done - t_draft
+        request.committed_s += request.carry_draft_s + t_done - t_draft
         if request.gate is not None:
             request.gate.stepped(draft.accepted_from(accepted.path[1:], DRAFTER), request.index.tokens)
-        state.root = accepted.bonus
+        request.root = accepted.bonus
         t = time.perf_counter()
         aux = verified.aux[accepted.path] if verified.aux is not None else None
         self.drafter.extend(aux, torch.tensor(accepted.tokens + [accepted.bonus]))
-        state.carry_draft_s = time.perf_counter() - t
+        request.carry_draft_s = time.perf_counter() - t
 
-    def _draft(self, request: Request, state: _Decoding, room: int) -> DraftTree:
+    def _draft(self, request: Request, room: int) -> DraftTree:
         """Every proposer's guesses for this step, in one tree below the root, no deeper than `room`."""
         if request.gate is not None:
             request.gate.prices(self.row_price.row_ms, request.token_ms)
-        draft = DraftTree.rooted(state.root)
-        for proposer in state.proposers:
+        draft = DraftTree.rooted(request.root)
+        for proposer in request.proposers:
             proposer.propose(draft, request, room)
         return draft
 
@@ -243,24 +234,24 @@ class Runner:
                                                 aux_layers=self.aux_layers)
         return Verified(hidden, aux)
 
-    def _fallback(self, request: Request, state: _Decoding) -> None:
+    def _fallback(self, request: Request) -> None:
         """The drafter keeps missing: decode `fallback_tokens` plainly (same target, same p: still lossless), then
         catch the drafter up on them in one batch."""
         metrics, need_aux = request.metrics, self.drafter.needs_features
         metrics.fallbacks += 1
         feats, nexts = [], []
         for _ in range(request.config.fallback_tokens):
-            nxt, feat = self._plain_step(request, state.root, need_aux=need_aux)
+            nxt, feat = self._plain_step(request, request.root, need_aux=need_aux)
             feats.append(feat)
             nexts.append(nxt)
             metrics.fallback_tokens += 1
             request.commit([nxt])
             if request.done:
                 return
-            state.root = nxt
+            request.root = nxt
         t = time.perf_counter()
         self.drafter.extend(torch.cat(feats) if need_aux else None, torch.tensor(nexts))
-        state.carry_draft_s = time.perf_counter() - t
+        request.carry_draft_s = time.perf_counter() - t
         request.misses = 0
 
     def _accept(self, request: Request, draft: DraftTree, verified: Verified) -> Accepted:
