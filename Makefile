@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	# constraints.txt pins torch 2.13.0 (a CPU build on the project's machines, no CUDA wheels),
 	# modelopt and transformers; pyproject.toml itself declares ranges.
-	$(PY) -m pip install -q -c constraints.txt -e '.[convert,test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[convert,serve,test]'
 	touch $@
 
 venv: $(VENV)/.installed

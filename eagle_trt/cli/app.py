@@ -19,6 +19,7 @@ from eagle_trt.cli.config_cmd import config_app
 from eagle_trt.cli.convert_cmd import convert
 from eagle_trt.cli.inspect_cmd import inspect
 from eagle_trt.cli.run_cmd import run
+from eagle_trt.cli.serve_cmd import serve
 from eagle_trt.cli.tune_cmd import tune
 
 app = typer.Typer(
@@ -32,6 +33,7 @@ app = typer.Typer(
 app.command()(convert)
 app.command()(build)
 app.command()(run)
+app.command()(serve)
 app.command()(inspect)
 app.command()(bench)
 app.command()(tune)

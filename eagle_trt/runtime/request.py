@@ -31,7 +31,7 @@ class Request:
     sampling: SamplingParams
     generator: torch.Generator | None  # None: greedy, nothing is drawn
     metrics: GenerationMetrics
-    on_tokens: Callable[[list[int]], None] | None = None
+    on_tokens: Callable[[list[int]], bool | None] | None = None
     # Prompt lookup: the n-gram index over prompt + output (None: lookup is off) and the gate that cuts copies where
     # they stop paying (greedy acceptance only; speculative/copy_gate.py).
     index: NgramIndex | None = None
@@ -48,7 +48,7 @@ class Request:
 
     @classmethod
     def new(cls, prompt_ids: list[int], config: DecodeConfig, default_eos: list[int], drafting: bool,
-            on_tokens: Callable[[list[int]], None] | None = None) -> Request:
+            on_tokens: Callable[[list[int]], bool | None] | None = None) -> Request:
         """drafting: the runner has a drafter and config.mode is eagle (else this is plain decoding)."""
         sampling = SamplingParams(config.temperature, config.top_p, config.top_k, config.seed)
         generator = None
@@ -111,6 +111,7 @@ class Request:
         self.output.extend(tokens)
         if self.index is not None:
             self.index.extend(tokens)
-        if self.on_tokens is not None:
-            self.on_tokens(tokens)
+        # A callback that returns True ends the request here (a server's stop string, a client gone).
+        if self.on_tokens is not None and self.on_tokens(tokens) and not self.metrics.stop_reason:
+            self.metrics.stop_reason = "stopped"
         return kept

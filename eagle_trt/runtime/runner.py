@@ -100,7 +100,7 @@ class Runner:
     # ---- public ----------------------------------------------------------------------------------
     def generate(self, prompt_ids: list[int], config: DecodeConfig,
                  on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
-        self._check_prompt(prompt_ids, config)
+        self.check_prompt(prompt_ids, config)
         drafting = config.mode == "eagle" and self.drafter is not None
         request = Request.new(prompt_ids, config, self.eos_token_ids, drafting, on_tokens)
         t0 = time.perf_counter()
@@ -284,7 +284,8 @@ class Runner:
         target_next[inner] = self.target.greedy(hidden[inner])
         return target_next
 
-    def _check_prompt(self, prompt_ids: list[int], opts: DecodeConfig) -> None:
+    def check_prompt(self, prompt_ids: list[int], opts: DecodeConfig) -> None:
+        """An InputError when this prompt and these settings do not fit the engine (context, KV cache, tree room)."""
         if not prompt_ids:
             raise InputError("the prompt is empty: give some text with --prompt")
         if len(prompt_ids) > self.max_input_len:

@@ -1,0 +1,109 @@
+"""`eagle-trt serve`: the engine behind an OpenAI-compatible HTTP API (eagle_trt/serve/)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from eagle_trt.cli.common import EngineOpt, SkipVerifyOpt, ThreadsOpt, apply_threads, err_console, handle_errors, \
+    require_engine
+from eagle_trt.errors import InputError, MissingDependencyError
+
+
+def serve(
+    engine: EngineOpt,
+    host: Annotated[str, typer.Option(help="Address to bind. 127.0.0.1 (this machine only) unless you mean "
+                                      "otherwise; anything else should sit behind --api-key and a proxy.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port (0 picks a free one and prints it).")] = 8000,
+    max_queue: Annotated[int, typer.Option(help="Requests that may wait; one more is answered 429.")] = 64,
+    api_key: Annotated[Optional[str], typer.Option(
+        envvar="EAGLE_TRT_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/* (also EAGLE_TRT_API_KEY).")] = None,
+    model_name: Annotated[Optional[str], typer.Option(
+        "--model-name", help="The model id clients ask for (default: the engine's name).")] = None,
+    drain_seconds: Annotated[float, typer.Option(
+        help="On SIGTERM/SIGINT: refuse new requests and give running ones this long to finish.")] = 30.0,
+    skip_verify: SkipVerifyOpt = False,
+    threads: ThreadsOpt = None,
+) -> None:
+    """Serve an engine over the OpenAI API: POST /v1/chat/completions and /v1/completions (streaming with
+    "stream": true), GET /v1/models, /health and /metrics (Prometheus).
+
+    Requests are decoded one at a time, each exactly as `eagle-trt run` decodes it alone (greedy output equals
+    `--mode ar`). Example:
+
+        eagle-trt serve --engine engines/smollm2-135m-eagle3 --port 8000
+
+        curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' \\
+             -d '{"model": "smollm2-135m-eagle3", "messages": [{"role": "user", "content": "Hi"}]}'
+    """
+    handle_errors(_serve)(engine, host, port, max_queue, api_key, model_name, drain_seconds, skip_verify, threads)
+
+
+def _draining_server_class():
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn's server, but a SIGTERM/SIGINT that drained in time exits 0 (uvicorn re-raises the signal after
+        its graceful shutdown, which makes the exit status 143/130)."""
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            captured = getattr(self, "_captured_signals", None)
+            if isinstance(captured, list):
+                captured.clear()
+
+    return DrainingServer
+
+
+def _serve(engine, host, port, max_queue, api_key, model_name, drain_seconds, skip_verify, threads) -> None:
+    # Imported here: the server stack and the session pull in torch, FastAPI and uvicorn, which the other commands
+    # should not wait for; FastAPI, uvicorn and prometheus-client are the optional `serve` extra.
+    try:
+        import uvicorn
+
+        from eagle_trt.serve.app import make_app
+        from eagle_trt.serve.worker import EngineWorker
+    except ImportError as e:
+        raise MissingDependencyError(f"eagle-trt serve needs FastAPI, uvicorn and prometheus-client ({e})",
+                                     hint="pip install 'eagle-trt[serve]'") from None
+    from eagle_trt.runtime.session import Session
+
+    _DrainingServer = _draining_server_class()
+
+    apply_threads(threads)
+    if not 0 <= port <= 65535:
+        raise InputError(f"--port must be in [0, 65535], got {port}")
+    if max_queue < 1:
+        raise InputError(f"--max-queue must be >= 1, got {max_queue}")
+    if drain_seconds < 0:
+        raise InputError(f"--drain-seconds must be >= 0, got {drain_seconds}")
+    require_engine(engine)
+    session = Session.open(engine, verify=not skip_verify)
+    if session.config.backend != "torch":
+        raise InputError("eagle-trt serve runs torch engines; a TensorRT-LLM bundle serves with its own serve.sh "
+                         "(trtllm-serve)")
+    name = model_name or session.config.name
+    worker = EngineWorker(session, max_queue=max_queue)
+    worker.start()
+    config = uvicorn.Config(make_app(session, worker, name, api_key), host=host, port=port, log_level="warning",
+                            timeout_graceful_shutdown=int(drain_seconds), limit_concurrency=max_queue + 16)
+    server = _DrainingServer(config)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        err_console.print(f"Warning: binding {host}: reachable from other machines"
+                          + ("" if api_key else " with no --api-key"), markup=False)
+
+    _announce = server.startup
+
+    async def startup(sockets=None):
+        await _announce(sockets)
+        bound = [s.getsockname() for srv in server.servers for s in srv.sockets]
+        where = ", ".join(f"http://{a[0]}:{a[1]}" for a in bound)
+        err_console.print(f"serving '{name}' on {where} (Ctrl-C to stop)", markup=False)
+
+    server.startup = startup
+    try:
+        server.run()
+    finally:
+        worker.stop()
+        worker.join(timeout=drain_seconds)

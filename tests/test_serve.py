@@ -1,0 +1,198 @@
+"""`eagle-trt serve` against the official `openai` client: a server this test starts on a free port of 127.0.0.1,
+on the tiny engine; every request bounded in tokens and time."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from eagle_trt.cli.app import app
+from eagle_trt.serve.stops import StopScanner
+
+openai = pytest.importorskip("openai")
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = ["hello there", "count to five", "a b c d e", "why is the sky blue"]
+TIMEOUT = 120  # seconds any one request or start-up may take
+
+
+class Server:
+    def __init__(self, engine: Path, *extra: str):
+        self.proc = subprocess.Popen([sys.executable, "-m", "eagle_trt", "serve", "--engine", str(engine), "--port",
+                                      "0", *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env={**os.environ, "EAGLE_TRT_DEBUG": "1"})
+        deadline = time.monotonic() + TIMEOUT
+        line = ""
+        while "serving" not in line:
+            line = self.proc.stderr.readline()
+            if not line and self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"the server did not start: {line}{self.proc.stderr.read()}")
+        self.url = line.split(" on ")[1].split()[0]
+        assert self.url.startswith("http://127.0.0.1:")
+
+    def client(self, key: str = "none"):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, timeout=TIMEOUT, max_retries=0)
+
+    def post(self, path: str, body, headers: dict | None = None) -> tuple[int, dict]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method="POST",
+                                     headers={"content-type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def get(self, path: str) -> str:
+        with urllib.request.urlopen(self.url + path, timeout=TIMEOUT) as r:
+            return r.read().decode()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_checkpoint, tmp_path_factory):
+    from conftest import build_tiny_engine
+
+    return build_tiny_engine(tiny_checkpoint, tmp_path_factory.mktemp("serve"))
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    s = Server(engine, "--max-queue", "16")
+    yield s
+    s.stop()
+
+
+def solo(engine: Path, prompt: str, n: int, chat: bool = True) -> str:
+    """What `run --mode ar` prints for this prompt alone."""
+    r = CliRunner().invoke(app, ["run", "--engine", str(engine), "--prompt", prompt, "--max-new-tokens", str(n),
+                                 "--mode", "ar", "--json", "--chat" if chat else "--no-chat"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)["text"]
+
+
+def test_chat_equals_plain_decoding_alone(server, engine):
+    c = server.client()
+    assert [m.id for m in c.models.list().data] == ["tiny"]
+    r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=24)
+    assert r.choices[0].message.content == solo(engine, PROMPTS[0], 24)
+    assert r.usage.completion_tokens <= 24 and r.choices[0].finish_reason in ("stop", "length")
+    assert r.model_extra["eagle_trt"]["mode"] == "eagle"
+
+
+def test_streaming_gives_the_same_text_and_usage(server, engine):
+    c = server.client()
+    chunks = list(c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPTS[1]}],
+                                            max_tokens=20, stream=True, stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == solo(engine, PROMPTS[1], 20)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens <= 20
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] in ("stop", "length")
+
+
+def test_completion_and_a_stop_string_across_tokens(server, engine):
+    c = server.client()
+    whole = solo(engine, PROMPTS[2], 30, chat=False)
+    r = c.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=30)
+    assert r.choices[0].text == whole
+    stop = whole[len(whole) // 2: len(whole) // 2 + 3]
+    if len(stop) < 3:
+        pytest.skip("the tiny model's answer is too short to cut")
+    cut = c.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=30, stop=[stop])
+    assert cut.choices[0].text == whole[:whole.find(stop)] and cut.choices[0].finish_reason == "stop"
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
+        model="tiny", prompt=PROMPTS[2], max_tokens=30, stop=[stop], stream=True) if ch.choices)
+    assert streamed == cut.choices[0].text
+
+
+def test_concurrent_requests_each_equal_their_solo_answer(server, engine):
+    want = {p: solo(engine, p, 8 + 4 * i) for i, p in enumerate(PROMPTS)}
+    got, errors = {}, []
+
+    def ask(i: int, p: str) -> None:
+        try:
+            r = server.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": p}],
+                                                        max_tokens=8 + 4 * i)
+            got[p] = r.choices[0].message.content
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=ask, args=(i % len(PROMPTS), p)) for i, p in enumerate(PROMPTS * 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    assert not errors and got == want
+
+
+@pytest.mark.parametrize("body, status, says", [
+    ({"model": "tiny", "messages": []}, 400, "messages"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n must be 1"),
+    ({"model": "tiny", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": 5}, 400, "temperature"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "presence_penalty": 1}, 400,
+     "presence_penalty is not supported"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}, 400, "max_output_len"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "hi " * 500}]}, 400, "max_input_len"),
+    ({"model": "other", "messages": [{"role": "user", "content": "hi"}]}, 404, "does not exist"),
+    ({"model": "tiny", "messages": "hi"}, 400, "messages"),
+    (b"{not json", 400, "not valid JSON"),
+])
+def test_bad_requests_get_openai_errors(server, body, status, says):
+    code, doc = server.post("/v1/chat/completions", body)
+    assert code == status and says in doc["error"]["message"], doc
+    assert set(doc["error"]) == {"message", "type", "param", "code"}
+
+
+def test_a_client_that_leaves_mid_stream_frees_the_engine(server):
+    stream = server.client().chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": PROMPTS[3]}], max_tokens=120, stream=True)
+    next(iter(stream))
+    stream.close()
+    t = time.monotonic()
+    r = server.client().completions.create(model="tiny", prompt="x", max_tokens=2)
+    assert r.choices[0].finish_reason in ("stop", "length") and time.monotonic() - t < TIMEOUT
+    metrics = server.get("/metrics")
+    assert "eagle_trt:spec_decode_num_accepted_tokens_total" in metrics and "eagle_trt:num_requests_running 0.0" in metrics
+
+
+def test_api_key_and_drain_on_sigterm(engine):
+    s = Server(engine, "--api-key", "sekret")
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            s.client("wrong").models.list()
+        stream = s.client("sekret").chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=40, stream=True)
+        first = next(iter(stream))
+        s.proc.send_signal(signal.SIGTERM)  # the running answer still finishes
+        rest = list(stream)
+        assert first and rest and [c.choices[0].finish_reason for c in rest if c.choices][-1] in ("stop", "length")
+    finally:
+        assert s.stop() == 0
+
+
+def test_stop_scanner_holds_back_what_may_start_a_stop():
+    s = StopScanner(["</s>"])
+    assert [s.push(p) for p in ("ab<", "/", "x")] == ["", "a", "b"] and not s.stopped and s.flush() == "</x"
+    s = StopScanner(["STOP"])
+    assert s.push("one ST") == "one" and s.push("OP two") == " " and s.stopped and s.flush() == ""
+    assert StopScanner([]).push("abc") == "abc"
