@@ -403,3 +403,19 @@ def test_file_round_trip_keeps_bytes_and_alignment(tmp_path, monkeypatch):
         assert got[name].dtype == t.dtype and torch.equal(got[name], t)
         assert got[name].data_ptr() % weight_cache.ALIGN == 0 or t.numel() == 0
     assert weight_cache.read(path.with_name("target-" + "2" * 32 + ".etw")) is None
+
+
+def test_no_byte_of_a_layout_changes_unnoticed(tmp_path, monkeypatch):
+    # Found by the fuzz harness: the alignment padding between the header and the data was covered by neither the
+    # MAC nor the checksum. Every byte position, flipped, must make the file a miss.
+    monkeypatch.setenv("EAGLE_TRT_WEIGHT_CACHE", str(tmp_path / "weights"))
+    path = weight_cache.layouts_dir() / ("target-" + "3" * 32 + ".etw")
+    weight_cache.write(path, {"a": torch.arange(12.0), "b": torch.ones(5, dtype=torch.bfloat16)}, {})
+    good = path.read_bytes()
+    for at in range(len(good)):
+        bad = bytearray(good)
+        bad[at] ^= 0x01
+        path.write_bytes(bytes(bad))
+        assert weight_cache.read(path) is None, at
+    path.write_bytes(good)
+    assert weight_cache.read(path) is not None

@@ -277,6 +277,10 @@ def _parse(f) -> tuple[dict | None, str | None]:
     problem = _check_header(header)
     if problem is not None:
         return None, problem
+    # The alignment padding after the header is written as zeros: checked too, so that no byte of the file can change
+    # unnoticed (the MAC covers the header, the checksum the data).
+    if f.read(_base(n) - _PREFIX - n).strip(b"\0"):
+        return None, "has a changed byte between its header and its data"
     header["_length"] = n
     return header, None
 
