@@ -59,7 +59,7 @@ def test_constraints_pin_this_projects_machines_inside_the_ranges():
 def test_every_install_line_uses_the_constraints():
     makefile = (REPO / "Makefile").read_text()
     installs = [ln.strip() for ln in makefile.splitlines() if "pip install" in ln and "-e " in ln]
-    assert installs and all("-c constraints.txt" in ln and ".[convert,test]" in ln for ln in installs), installs
+    assert installs and all("-c constraints.txt" in ln and ".[convert,serve,test]" in ln for ln in installs), installs
     ci = (REPO / ".ci" / "run").read_text()
     assert "make test" in ci and not re.search(r"pip install(?!.*-c constraints\.txt)", ci)
     assert "$(VENV)/.trtllm-install-1.2" in makefile.split("\ntest:")[1].splitlines()[0]
