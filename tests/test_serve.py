@@ -196,3 +196,29 @@ def test_stop_scanner_holds_back_what_may_start_a_stop():
     s = StopScanner(["STOP"])
     assert s.push("one ST") == "one" and s.push("OP two") == " " and s.stopped and s.flush() == ""
     assert StopScanner([]).push("abc") == "abc"
+
+
+def test_mode_ar_decodes_plainly(server, engine):
+    code, doc = server.post("/v1/chat/completions", {"model": "tiny", "mode": "ar", "max_tokens": 12,
+                                                     "messages": [{"role": "user", "content": PROMPTS[0]}]})
+    assert code == 200 and doc["eagle_trt"]["mode"] == "ar" and doc["eagle_trt"]["accepted_draft_tokens"] == 0
+    assert doc["choices"][0]["message"]["content"] == solo(engine, PROMPTS[0], 12)
+
+
+def test_bench_serve_checks_every_answer_and_reports_each_level(server, tmp_path):
+    prompts = tmp_path / "short.jsonl"  # the tiny engine takes 64 prompt tokens
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:2]))
+    r = CliRunner().invoke(app, ["bench-serve", "--url", server.url, "--prompts", str(prompts), "--concurrency",
+                                 "1,2", "--requests", "2", "--max-tokens", "8", "--json", "--out", str(tmp_path / "bs")])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["mismatches"] == [] and [(lv["concurrency"], lv["mode"]) for lv in res["levels"]] == [
+        (1, "ar"), (1, "eagle"), (2, "ar"), (2, "eagle")]
+    assert all(lv["requests"] == 2 and lv["output_tokens"] > 0 for lv in res["levels"])
+    assert (tmp_path / "bs" / "report.md").read_text().count("| 2 |") == 2
+
+
+@pytest.mark.parametrize("url", ["http://10.1.2.3:8000", "https://127.0.0.1:8000", "http://example.com:80"])
+def test_bench_serve_only_targets_this_machine(url):
+    r = CliRunner().invoke(app, ["bench-serve", "--url", url])
+    assert r.exit_code == 2 and "must be http://127.0.0.1:PORT" in r.stderr

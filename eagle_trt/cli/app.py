@@ -13,6 +13,7 @@ import typer
 
 from eagle_trt import __version__
 from eagle_trt.cli.bench_cmd import bench
+from eagle_trt.cli.bench_serve_cmd import bench_serve
 from eagle_trt.cli.build_cmd import build
 from eagle_trt.cli.common import EXIT_CODES_HELP
 from eagle_trt.cli.config_cmd import config_app
@@ -36,6 +37,7 @@ app.command()(run)
 app.command()(serve)
 app.command()(inspect)
 app.command()(bench)
+app.command("bench-serve")(bench_serve)
 app.command()(tune)
 app.add_typer(config_app, name="config")
 

@@ -124,7 +124,7 @@ def _prepare(session: Session, body, encode):
             raise ApiError(400, f"max_tokens {limit} exceeds this engine's max_output_len {cfg.max_output_len}",
                            "max_tokens")
         config = session.decode_config(max_new_tokens=limit, temperature=body.temperature, top_p=body.top_p,
-                                       top_k=body.top_k, seed=body.seed)
+                                       top_k=body.top_k, seed=body.seed, mode=body.mode)
         session.runner.check_prompt(ids, config)
     except EagleError as e:
         raise ApiError(400, str(e)) from None

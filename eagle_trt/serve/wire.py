@@ -68,6 +68,9 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
+    # eagle-trt's own: "ar" decodes this request plainly (the reference every speculative answer equals; bench-serve
+    # compares the two), "eagle" (default) speculatively.
+    mode: Literal["eagle", "ar"] | None = None
 
     @field_validator("stop")
     @classmethod
