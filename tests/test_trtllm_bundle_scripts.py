@@ -209,3 +209,15 @@ def test_validate_refuses_a_bundle_of_another_line(bundles, tmp_path):
 def test_validate_without_a_gpu_exits_3(bundles, tmp_path):
     out = run_validate(bundles["1.3+"], write_fake_packages(tmp_path, "1.3+", gpu=False))
     assert out.returncode == 3 and "no CUDA GPU is visible" in out.stderr
+
+
+def test_eagle_trt_serve_on_a_bundle_runs_its_serve_sh(bundles, fake_tools, tmp_path):
+    root = bundles["1.3+"]
+    out = subprocess.run([sys.executable, "-m", "eagle_trt", "serve", "--engine", str(root), "--port", "8123"],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    argv = json.loads(fake_tools.read_text())["argv"]
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == "8123"
+    refused = subprocess.run([sys.executable, "-m", "eagle_trt", "serve", "--engine", str(root), "--api-key", "k"],
+                             cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--api-key" in refused.stderr

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -27,7 +30,8 @@ def serve(
     threads: ThreadsOpt = None,
 ) -> None:
     """Serve an engine over the OpenAI API: POST /v1/chat/completions and /v1/completions (streaming with
-    "stream": true), GET /v1/models, /health and /metrics (Prometheus).
+    "stream": true), GET /v1/models, /health and /metrics (Prometheus). A TensorRT-LLM bundle is served by its own
+    serve.sh (trtllm-serve) with the same --host and --port.
 
     Requests are decoded one at a time, each exactly as `eagle-trt run` decodes it alone (greedy output equals
     `--mode ar`). Example:
@@ -38,6 +42,21 @@ def serve(
              -d '{"model": "smollm2-135m-eagle3", "messages": [{"role": "user", "content": "Hi"}]}'
     """
     handle_errors(_serve)(engine, host, port, max_queue, api_key, model_name, drain_seconds, skip_verify, threads)
+
+
+def _exec_bundle_serve(root: Path, host: str, port: int, api_key: str | None) -> None:
+    """A TensorRT-LLM bundle serves with trtllm-serve through its own serve.sh: this process becomes that one."""
+    script = root / "serve.sh"
+    if not script.is_file():
+        raise InputError(f"'{root}' is a TensorRT-LLM bundle without serve.sh; rebuild it with `eagle-trt build`")
+    if api_key is not None:
+        raise InputError("--api-key: trtllm-serve takes no API key from eagle-trt; put the bundle's server behind a "
+                         "proxy that checks one")
+    if port == 0:
+        raise InputError("--port 0: trtllm-serve needs a fixed port")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvp("bash", ["bash", str(script), "--host", host, "--port", str(port)])
 
 
 def _draining_server_class():
@@ -67,6 +86,7 @@ def _serve(engine, host, port, max_queue, api_key, model_name, drain_seconds, sk
     except ImportError as e:
         raise MissingDependencyError(f"eagle-trt serve needs FastAPI, uvicorn and prometheus-client ({e})",
                                      hint="pip install 'eagle-trt[serve]'") from None
+    from eagle_trt.engine.engine_dir import open_engine
     from eagle_trt.runtime.session import Session
 
     _DrainingServer = _draining_server_class()
@@ -79,10 +99,10 @@ def _serve(engine, host, port, max_queue, api_key, model_name, drain_seconds, sk
     if drain_seconds < 0:
         raise InputError(f"--drain-seconds must be >= 0, got {drain_seconds}")
     require_engine(engine)
+    opened = open_engine(engine, verify=not skip_verify)
+    if opened.config.backend != "torch":
+        _exec_bundle_serve(Path(opened.root), host, port, api_key)
     session = Session.open(engine, verify=not skip_verify)
-    if session.config.backend != "torch":
-        raise InputError("eagle-trt serve runs torch engines; a TensorRT-LLM bundle serves with its own serve.sh "
-                         "(trtllm-serve)")
     name = model_name or session.config.name
     worker = EngineWorker(session, max_queue=max_queue)
     worker.start()
