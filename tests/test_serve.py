@@ -222,3 +222,18 @@ def test_bench_serve_checks_every_answer_and_reports_each_level(server, tmp_path
 def test_bench_serve_only_targets_this_machine(url):
     r = CliRunner().invoke(app, ["bench-serve", "--url", url])
     assert r.exit_code == 2 and "must be http://127.0.0.1:PORT" in r.stderr
+
+
+def test_the_engine_thread_opens_the_session_it_runs():
+    # The kernels' OpenMP threads serve the thread that first used them at full speed (docs/bench.md): the engine
+    # must be opened where it runs, not in the thread that starts the server.
+    from eagle_trt.serve.worker import EngineWorker
+
+    seen = []
+    w = EngineWorker(lambda: seen.append(threading.current_thread()) or "session")
+    assert w.start_and_wait() == "session" and seen == [w]
+    w.stop()
+    w.join(10)
+    failing = EngineWorker(lambda: (_ for _ in ()).throw(RuntimeError("no engine")))
+    with pytest.raises(RuntimeError, match="no engine"):
+        failing.start_and_wait()

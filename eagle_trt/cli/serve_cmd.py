@@ -91,7 +91,6 @@ def _serve(engine, host, port, max_queue, api_key, model_name, drain_seconds, sk
 
     _DrainingServer = _draining_server_class()
 
-    apply_threads(threads)
     if not 0 <= port <= 65535:
         raise InputError(f"--port must be in [0, 65535], got {port}")
     if max_queue < 1:
@@ -99,13 +98,16 @@ def _serve(engine, host, port, max_queue, api_key, model_name, drain_seconds, sk
     if drain_seconds < 0:
         raise InputError(f"--drain-seconds must be >= 0, got {drain_seconds}")
     require_engine(engine)
-    opened = open_engine(engine, verify=not skip_verify)
-    if opened.config.backend != "torch":
-        _exec_bundle_serve(Path(opened.root), host, port, api_key)
-    session = Session.open(engine, verify=not skip_verify)
+    if open_engine(engine, verify=False).config.backend != "torch":  # the manifest says; the bundle is verified next
+        _exec_bundle_serve(Path(open_engine(engine, verify=not skip_verify).root), host, port, api_key)
+
+    def open_session() -> Session:
+        apply_threads(threads)
+        return Session.open(engine, verify=not skip_verify)
+
+    worker = EngineWorker(open_session, max_queue=max_queue)
+    session = worker.start_and_wait()  # the engine thread opens it: only that thread runs the model
     name = model_name or session.config.name
-    worker = EngineWorker(session, max_queue=max_queue)
-    worker.start()
     config = uvicorn.Config(make_app(session, worker, name, api_key), host=host, port=port, log_level="warning",
                             timeout_graceful_shutdown=int(drain_seconds), limit_concurrency=max_queue + 16)
     server = _DrainingServer(config)

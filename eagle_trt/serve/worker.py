@@ -1,13 +1,17 @@
 """The engine thread: requests wait in a bounded queue and are decoded one at a time on the engine's runner, each
 token chunk handed back to the event loop as it is committed.
 
-    worker = EngineWorker(session, max_queue=64); worker.start()
+    worker = EngineWorker(lambda: Session.open(engine), max_queue=64)
+    session = worker.start_and_wait()                         # opened on the engine thread itself
     job = worker.submit(prompt_ids, config, stops, loop)       # ApiError 429 when the queue is full
     async for event in job.events(): ...                       # ("text", str) ..., then ("done", Finished)
     job.cancel()                                               # the client went away: ends within one step
 
 One request at a time: every request's output is what `run` gives for it alone (the same runner, the same kernels),
 whatever else is queued. Batching concurrent requests into shared verify passes is not done yet.
+
+The engine is opened on the engine thread and only that thread runs the model: the kernels' OpenMP threads serve
+the thread that first used them at full speed, and another thread's calls at a third of it (docs/bench.md).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from eagle_trt.config.decode import DecodeConfig
 from eagle_trt.errors import EagleError
@@ -63,11 +68,22 @@ class Job:
 
 
 class EngineWorker(threading.Thread):
-    def __init__(self, session: Session, max_queue: int = 64, metrics: ServeMetrics | None = None):
+    def __init__(self, open_session: Callable[[], Session], max_queue: int = 64, metrics: ServeMetrics | None = None):
         super().__init__(name="eagle-trt-engine", daemon=True)
-        self.session, self.metrics = session, metrics or ServeMetrics()
+        self.open_session, self.metrics = open_session, metrics or ServeMetrics()
+        self.session: Session | None = None
         self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
         self.stopping = threading.Event()
+        self._ready = threading.Event()
+        self._failed: BaseException | None = None
+
+    def start_and_wait(self) -> Session:
+        """Start the thread, and return the session once it has opened it (or raise what opening raised)."""
+        self.start()
+        self._ready.wait()
+        if self._failed is not None:
+            raise self._failed
+        return self.session
 
     def submit(self, prompt_ids: list[int], config: DecodeConfig, stops: list[str],
                loop: asyncio.AbstractEventLoop) -> Job:
@@ -87,6 +103,13 @@ class EngineWorker(threading.Thread):
         self.jobs.put(None)
 
     def run(self) -> None:
+        try:
+            self.session = self.open_session()
+        except BaseException as e:  # noqa: BLE001 - handed to the thread that waits for it
+            self._failed = e
+            return
+        finally:
+            self._ready.set()
         while True:
             job = self.jobs.get()
             if job is None:
