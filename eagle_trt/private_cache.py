@@ -57,34 +57,22 @@ def home(create: bool = True) -> Path | None:
     base = root()
     if base is None:
         return None
-    path = base / SUBDIR
-    try:
-        if create:
-            base.mkdir(parents=True, exist_ok=True)
-            try:
-                os.mkdir(path, 0o700)
-            except FileExistsError:
-                pass
-        elif not os.path.lexists(path):
-            return None
-        why = untrusted_dir(path)
-    except OSError as e:
-        why = f"cannot be created ({e.strerror})"
-    if why is not None:
-        warn_once(str(path), f"weight cache '{path}' is not used: it {why}; run `chmod 700 '{path}'` if it is "
-                             "yours, or set EAGLE_TRT_WEIGHT_CACHE to a dir of your own (0 turns the cache off)")
-        return None
-    return path
+    return _private(base / SUBDIR, create, parents=True, fix=" (0 turns the cache off)")
 
 
 def subdir(name: str, create: bool = True) -> Path | None:
     """A dir inside home() (0700, checked like it), or None."""
     base = home(create)
-    if base is None:
-        return None
-    path = base / name
+    return None if base is None else _private(base / name, create)
+
+
+def _private(path: Path, create: bool, parents: bool = False, fix: str = "") -> Path | None:
+    """`path` as a dir of this account's alone (made 0700 when create), or None: absent, not creatable, or not safe
+    (warned once, saying why and what to do)."""
     try:
         if create:
+            if parents:
+                path.parent.mkdir(parents=True, exist_ok=True)
             try:
                 os.mkdir(path, 0o700)
             except FileExistsError:
@@ -95,7 +83,9 @@ def subdir(name: str, create: bool = True) -> Path | None:
     except OSError as e:
         why = f"cannot be created ({e.strerror})"
     if why is not None:
-        warn_once(str(path), f"weight cache '{path}' is not used: it {why}; run `chmod 700 '{path}'` if it is yours")
+        hint = ", or set EAGLE_TRT_WEIGHT_CACHE to a dir of your own" + fix if parents else ""
+        warn_once(str(path), f"weight cache '{path}' is not used: it {why}; run `chmod 700 '{path}'` if it is "
+                             f"yours{hint}")
         return None
     return path
 

@@ -149,6 +149,15 @@ def test_shard_indexes(tmp_path_factory, index):
         assert mapped.get(name, shard.name) == shard.name and shard.parent == d
 
 
+def damaged(good: bytes, edits: list[tuple[int, bytes]], cut: int | None) -> bytes:
+    """`good` with each (offset, bytes) written over it (offsets wrap around), then cut to `cut` bytes."""
+    data = bytearray(good)
+    for at, chunk in edits:
+        at %= len(data)
+        data[at:at + len(chunk)] = chunk
+    return bytes(data if cut is None else data[:cut])
+
+
 # ---- the weight cache's layout files --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -175,15 +184,10 @@ def test_layout_files(layout, edits, cut):
     from eagle_trt.models import weight_cache
 
     path, good = layout
-    data = bytearray(good)
-    for at, chunk in edits:
-        at %= len(data)
-        data[at:at + len(chunk)] = chunk
-    if cut is not None:
-        data = data[:cut]
-    path.write_bytes(bytes(data))
+    data = damaged(good, edits, cut)
+    path.write_bytes(data)
     got = weight_cache.read(path)
-    if bytes(data) == good:
+    if data == good:
         assert got is not None and torch.equal(got[0]["a"], torch.arange(12.0).view(3, 4))
     elif got is not None:  # only a change the checksum and MAC cannot see (none: they cover every byte)
         pytest.fail(f"a damaged layout was read: {edits} {cut}")
@@ -253,13 +257,7 @@ def gguf_file():
 def test_gguf_files(tmp_path_factory, gguf_file, edits, cut):
     from eagle_trt.convert.load_target import _check_gguf
 
-    data = bytearray(gguf_file)
-    for at, chunk in edits:
-        at %= len(data)
-        data[at:at + len(chunk)] = chunk
-    if cut is not None:
-        data = data[:cut]
-    _, path = _written(tmp_path_factory, "m.gguf", bytes(data))
+    _, path = _written(tmp_path_factory, "m.gguf", damaged(gguf_file, edits, cut))
     try:
         _check_gguf(path)
     except InputError:

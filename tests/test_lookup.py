@@ -76,7 +76,7 @@ def test_grafting_copies_builds_a_valid_tree_with_a_span_per_source():
     both = grafted(tree, [[11, 30]], [[11, 30, 40], [50]])
     assert both.tree().tokens.tolist() == [10, 11, 12, 30, 40, 50] and both.parents[4:] == [3, 0]
     assert (both.span(CONTEXT).start, both.span(CONTEXT).stop, both.span(DATASTORE).stop) == (3, 4, 6)
-    path = torch.tensor([0, 1, 3, 4])  # root -> 11 (drafted) -> 30 (context) -> 40 (datastore)
+    path = [0, 1, 3, 4]  # root -> 11 (drafted) -> 30 (context) -> 40 (datastore)
     assert [both.accepted_from(path, s) for s in (DRAFTER, CONTEXT, DATASTORE)] == [1, 1, 1]
 
 

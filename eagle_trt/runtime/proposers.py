@@ -48,26 +48,45 @@ class Span:
 
 @dataclass
 class DraftTree:
-    """A step's tree while the proposers build it: node 0 is the root; every parent before its children."""
+    """A step's tree while the proposers build it: node 0 is the root; every parent before its children. Held as a
+    `Tree`, or as token/parent lists once a copy is grafted (the lists are made only then: with lookup off a step
+    converts nothing)."""
 
-    tokens: list[int]
-    parents: list[int]
+    _tree: Tree | None = None
+    _tokens: list[int] | None = None
+    _parents: list[int] | None = None
     spans: list[Span] = field(default_factory=list)
     # q [V] per node drawn at random from the drafter's own distribution (verified by min(1, p/q)); None: every
     # node is a deterministic pick, a point mass to the verifier.
     proposals: dict[int, torch.Tensor] | None = None
     copies: list[list[int]] = field(default_factory=list)  # copy chains grafted so far, after their cuts
     offered: list[list[int]] = field(default_factory=list)  # copy chains proposed so far, before any cut
-    _tree: Tree | None = None
 
     @classmethod
     def rooted(cls, root: int) -> DraftTree:
-        return cls([root], [-1])
+        return cls(_tokens=[root], _parents=[-1])
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._lists()[0]
+
+    @property
+    def parents(self) -> list[int]:
+        return self._lists()[1]
+
+    def _lists(self) -> tuple[list[int], list[int]]:
+        if self._tokens is None:
+            self._tokens, self._parents = self._tree.tokens.tolist(), self._tree.parents.tolist()
+        return self._tokens, self._parents
+
+    @property
+    def root(self) -> int:
+        return self._tokens[0] if self._tokens is not None else int(self._tree.tokens[0])
 
     @property
     def size(self) -> int:
         """Nodes, root included: the verify pass's rows."""
-        return len(self.tokens)
+        return len(self._tokens) if self._tokens is not None else self._tree.tokens.numel()
 
     def span(self, source: str) -> Span | None:
         return next((s for s in self.spans if s.source == source), None)
@@ -75,28 +94,30 @@ class DraftTree:
     def set_tree(self, source: str, tree: Tree, proposals: dict[int, torch.Tensor] | None = None) -> None:
         """The first proposer's nodes: a whole tree below the root."""
         assert self.size == 1, "a drafted tree comes first"
-        self.tokens, self.parents = tree.tokens.tolist(), tree.parents.tolist()
+        self._tree, self._tokens, self._parents, self.proposals = tree, None, None, proposals
         self.spans.append(Span(source, 1, self.size))
-        self.proposals, self._tree = proposals, tree
 
     def graft(self, source: str, chains: list[list[int]]) -> None:
         """Each chain as one more path below the root, sharing what the tree already has."""
         start = self.size
+        tokens, parents = self._lists()
         for chain in chains:
-            self.tokens, self.parents, added = graft(self.tokens, self.parents, chain)
+            tokens, parents, added = graft(tokens, parents, chain)
             if added:
                 self._tree = None
+        self._tokens, self._parents = tokens, parents
         self.copies += chains
         self.spans.append(Span(source, start, self.size))
 
     def tree(self) -> Tree:
         if self._tree is None:
-            self._tree = tree_from_parents(torch.tensor(self.tokens), torch.tensor(self.parents))
+            self._tree = tree_from_parents(torch.tensor(self._tokens), torch.tensor(self._parents))
         return self._tree
 
-    def accepted_from(self, path: torch.Tensor, *sources: str) -> int:
-        """Nodes of the accepted path (node indices, root first) that the given proposers added."""
-        return sum(int(((path >= s.start) & (path < s.stop)).sum()) for s in self.spans if s.source in sources)
+    def accepted_from(self, path: list[int], *sources: str) -> int:
+        """Nodes of the accepted path (node indices) that the given proposers added."""
+        spans = [s for s in self.spans if s.source in sources]
+        return sum(1 for node in path for s in spans if s.start <= node < s.stop)
 
     def size_of(self, *sources: str) -> int:
         return sum(s.size for s in self.spans if s.source in sources)
@@ -125,7 +146,7 @@ class DrafterProposer:
     def propose(self, draft: DraftTree, request: Request, room: int) -> None:
         """At T > 0 a drafter that samples draws a chain from its own q (verified by min(1, p/q)); otherwise the
         tree is its top-k picks, point masses to the verifier."""
-        cfg, drafter, root = self.config, self.drafter, draft.tokens[0]
+        cfg, drafter, root = self.config, self.drafter, draft.root
         depth = min(cfg.draft_length, room)
         if cfg.tree == "chain" and not request.greedy and cfg.posterior_threshold is None and drafter.samples_chains:
             tree, proposals = drafter.draft_sampled_chain(root, depth, request.sampling, request.generator)

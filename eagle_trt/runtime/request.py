@@ -43,8 +43,8 @@ class Request:
     proposers: list = field(default_factory=list)
     carry_draft_s: float = 0.0
     misses: int = 0  # verify steps in a row that accepted no draft token (for the fallback)
-    committed_steps: int = 0  # tokens the verify steps committed (accepted + bonus) and the time they took: what a
-    committed_s: float = 0.0  # token is worth to the copy gate
+    committed_tokens: int = 0  # tokens the verify steps committed (accepted + bonus) and the time they took:
+    committed_s: float = 0.0  # what a token is worth to the copy gate
 
     @classmethod
     def new(cls, prompt_ids: list[int], config: DecodeConfig, default_eos: list[int], drafting: bool,
@@ -88,7 +88,7 @@ class Request:
     @property
     def token_ms(self) -> float | None:
         """What one committed token has cost so far in this request (drafting and verifying), in ms."""
-        return 1000 * self.committed_s / self.committed_steps if self.committed_steps else None
+        return 1000 * self.committed_s / self.committed_tokens if self.committed_tokens else None
 
     # ---- transitions --------------------------------------------------------------------------------
     def pick(self, logits: torch.Tensor, argmax: Callable[[torch.Tensor], torch.Tensor]) -> int:

@@ -58,10 +58,11 @@ class Verified:
 
 @dataclass
 class Accepted:
-    """What verification kept: the path (node indices, root first), the bonus token after it, and the accepted draft
-    tokens (the path's tokens after the root)."""
+    """What verification kept: the path (node indices, root first; also as a list), the bonus token after it, and the
+    accepted draft tokens (the path's tokens after the root)."""
 
     path: torch.Tensor
+    nodes: list[int]
     bonus: int
     tokens: list[int]
 
@@ -207,10 +208,10 @@ class Runner:
         request.misses = request.misses + 1 if not accepted.tokens else 0
         if request.done:
             return
-        request.committed_steps += len(accepted.tokens) + 1
+        request.committed_tokens += len(accepted.tokens) + 1
         request.committed_s += request.carry_draft_s + t_done - t_draft
         if request.gate is not None:
-            request.gate.stepped(draft.accepted_from(accepted.path[1:], DRAFTER), request.index.tokens)
+            request.gate.stepped(draft.accepted_from(accepted.nodes[1:], DRAFTER), request.index.tokens)
         request.root = accepted.bonus
         t = time.perf_counter()
         aux = verified.aux[accepted.path] if verified.aux is not None else None
@@ -270,7 +271,7 @@ class Runner:
                                       draft.proposals)
             request.metrics.rejections += outcome.rejections
             path, bonus = outcome.path, outcome.bonus
-        return Accepted(path, bonus, tree.tokens[path[1:]].tolist())
+        return Accepted(path, path.tolist(), bonus, tree.tokens[path[1:]].tolist())
 
     def _greedy_next(self, tree: Tree, hidden: torch.Tensor) -> torch.Tensor:
         """The target's argmax after each node (-1 where not computed). The LM head is one pass over its weight
@@ -313,8 +314,8 @@ def _record(draft: DraftTree, accepted: Accepted, kept: int, draft_s: float, ver
     """A verify step's metrics. `kept`: the tokens it committed (accepted + bonus, fewer when a stop fell inside
     them): tau counts only those, and the copies' share is capped by them."""
     n_accepted = max(kept - 1, 0)
-    lookup = min(draft.accepted_from(accepted.path, CONTEXT, DATASTORE), n_accepted)
+    lookup = min(draft.accepted_from(accepted.nodes, CONTEXT, DATASTORE), n_accepted)
     return StepRecord(n_accepted, draft.size - 1, draft.tree().depth, draft_s, verify_s,
                       lookup_accepted=lookup, lookup_size=draft.size_of(CONTEXT, DATASTORE),
-                      datastore_accepted=min(draft.accepted_from(accepted.path, DATASTORE), lookup),
+                      datastore_accepted=min(draft.accepted_from(accepted.nodes, DATASTORE), lookup),
                       datastore_size=draft.size_of(DATASTORE))

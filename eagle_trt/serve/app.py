@@ -30,34 +30,8 @@ MAX_BODY = 4 * 2**20  # bytes a request body may have
 def make_app(session: Session, worker: EngineWorker, name: str, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="eagle-trt", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
-
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        if request.url.path.startswith("/v1/"):
-            if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
-                return _error(ApiError(401, "a valid API key is required (Authorization: Bearer KEY)",
-                                       kind="authentication_error"))
-            length = request.headers.get("content-length")
-            if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
-                return _error(ApiError(413, f"the request body is larger than {MAX_BODY} bytes"))
-        return await call_next(request)
-
-    @app.exception_handler(ApiError)
-    async def api_error(_, e: ApiError):
-        return _error(e)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_, e: RequestValidationError):
-        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request", "type": ""}
-        if first.get("type") == "json_invalid":
-            return _error(ApiError(400, "the request body is not valid JSON"))
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        msg = first["msg"].removeprefix("Value error, ")
-        return _error(ApiError(400, f"{'.'.join(loc) + ': ' if loc else ''}{msg}", ".".join(loc) or None))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_, e: StarletteHTTPException):
-        return _error(ApiError(e.status_code, str(e.detail)))
+    _guard(app, api_key)
+    _errors(app)
 
     @app.get("/health")
     async def health():
@@ -77,41 +51,81 @@ def make_app(session: Session, worker: EngineWorker, name: str, api_key: str | N
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest):
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        return await _complete(body, lambda: prompt_ids(session.tokenizer, messages, chat=True), chat=True)
+        encode = lambda: prompt_ids(session.tokenizer, messages, chat=True)  # noqa: E731
+        return await _complete(session, worker, name, body, encode, chat=True)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
-        return await _complete(body, lambda: prompt_ids(session.tokenizer, body.prompt, chat=False), chat=False)
-
-    async def _complete(body, encode, chat: bool):
-        if body.model not in (None, name):
-            raise ApiError(404, f"the model '{body.model}' does not exist; this server serves '{name}'", "model",
-                           code="model_not_found")
-        ids, config = _prepare(session, body, encode)
-        job = worker.submit(ids, config, body.stops, asyncio.get_running_loop())
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        head = {"id": rid, "created": int(time.time()), "model": name}
-        if body.stream:
-            return StreamingResponse(_stream(job, head, chat, body.include_usage), media_type="text/event-stream")
-        text, done = [], None
-        try:
-            async for kind, value in job.events():
-                if kind == "text":
-                    text.append(value)
-                elif kind == "error":
-                    raise value
-                else:
-                    done = value
-        finally:
-            job.cancel()  # a no-op once done; frees the engine when the client went away
-        content = "".join(text)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": content}} if chat
-                  else {"index": 0, "text": content, "logprobs": None})
-        choice["finish_reason"] = done.finish_reason
-        return {**head, "object": "chat.completion" if chat else "text_completion", "choices": [choice],
-                "usage": usage(done.prompt_tokens, done.completion_tokens), "eagle_trt": _extension(done)}
+        encode = lambda: prompt_ids(session.tokenizer, body.prompt, chat=False)  # noqa: E731
+        return await _complete(session, worker, name, body, encode, chat=False)
 
     return app
+
+
+def _guard(app: FastAPI, api_key: str | None) -> None:
+    """/v1/*: the API key (when the server has one) and the body size, before anything is parsed."""
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        if request.url.path.startswith("/v1/"):
+            if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
+                return _error(ApiError(401, "a valid API key is required (Authorization: Bearer KEY)",
+                                       kind="authentication_error"))
+            length = request.headers.get("content-length")
+            if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
+                return _error(ApiError(413, f"the request body is larger than {MAX_BODY} bytes"))
+        return await call_next(request)
+
+
+def _errors(app: FastAPI) -> None:
+    """Every error in OpenAI's shape: ours, the request model's validation, and the framework's (404, 405, ...)."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(_, e: ApiError):
+        return _error(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_, e: RequestValidationError):
+        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request", "type": ""}
+        if first.get("type") == "json_invalid":
+            return _error(ApiError(400, "the request body is not valid JSON"))
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        msg = first["msg"].removeprefix("Value error, ")
+        return _error(ApiError(400, f"{'.'.join(loc) + ': ' if loc else ''}{msg}", ".".join(loc) or None))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_, e: StarletteHTTPException):
+        return _error(ApiError(e.status_code, str(e.detail)))
+
+
+async def _complete(session: Session, worker: EngineWorker, name: str, body, encode, chat: bool):
+    """One completion request: checked, queued, then streamed back or collected whole."""
+    if body.model not in (None, name):
+        raise ApiError(404, f"the model '{body.model}' does not exist; this server serves '{name}'", "model",
+                       code="model_not_found")
+    ids, config = _prepare(session, body, encode)
+    job = worker.submit(ids, config, body.stops, asyncio.get_running_loop())
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    head = {"id": rid, "created": int(time.time()), "model": name}
+    if body.stream:
+        return StreamingResponse(_stream(job, head, chat, body.include_usage), media_type="text/event-stream")
+    text, done = [], None
+    try:
+        async for kind, value in job.events():
+            if kind == "text":
+                text.append(value)
+            elif kind == "error":
+                raise value
+            else:
+                done = value
+    finally:
+        job.cancel()  # a no-op once done; frees the engine when the client went away
+    content = "".join(text)
+    choice = ({"index": 0, "message": {"role": "assistant", "content": content}} if chat
+              else {"index": 0, "text": content, "logprobs": None})
+    choice["finish_reason"] = done.finish_reason
+    return {**head, "object": "chat.completion" if chat else "text_completion", "choices": [choice],
+            "usage": usage(done.prompt_tokens, done.completion_tokens), "eagle_trt": _extension(done)}
 
 
 def _prepare(session: Session, body, encode):
