@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from eagle_trt.models.draft_head import Eagle3DraftHead
+from eagle_trt.models.kernel_api import Part
+from eagle_trt.models.llama import Rows
 from eagle_trt.models.native import stack
 from eagle_trt.models.native.kernels import NativeKernels
 from eagle_trt.models.reference import TorchKernels
@@ -57,6 +59,67 @@ def test_each_tree_row_equals_decoding_its_path(tiny_model_dir, build, dtype):
         assert torch.equal(row_logits[0], logits[node]) and torch.equal(row_aux[0], aux[node]), node
 
 
+def _batched_against_alone(target, cache_dtype=None):
+    """Three requests (a 17-node tree after 9 cached tokens, a 1-token step after 5, a 6-token prefill) in one
+    batched forward, against each forward alone: (batched, alone) hidden states and features per request, and the
+    K/V each wrote."""
+    g = torch.Generator().manual_seed(7)
+    vocab = target.spec.vocab_size
+    mask, depth = _tree(17, seed=5)
+    shapes = [(9, torch.randint(0, vocab, (17,), generator=g), 9 + depth, mask),
+              (5, torch.randint(0, vocab, (1,), generator=g), torch.tensor([5]), None),
+              (0, torch.randint(0, vocab, (6,), generator=g), torch.arange(6), None)]
+
+    def caches():
+        out = []
+        for prefix, *_ in shapes:
+            cache = target.new_cache(40, kv_dtype=cache_dtype)
+            if prefix:
+                target.forward(torch.arange(prefix) + 11, torch.arange(prefix), cache)
+            cache.length = prefix
+            out.append(cache)
+        return out
+
+    shared = caches()
+    h, aux = target.batched_hidden_states([Rows(ids, pos, c, m) for (_, ids, pos, m), c in zip(shapes, shared)],
+                                          need_aux=True, aux_layers=[0, target.spec.num_layers - 1])
+    alone, row = [], 0
+    for (_, ids, pos, m), c_shared, c in zip(shapes, shared, caches()):
+        h1, aux1 = target.hidden_states(ids, pos, c, m, need_aux=True, aux_layers=[0, target.spec.num_layers - 1])
+        n = ids.numel()
+        end = c.length + n
+        alone.append(((h[row:row + n], aux[row:row + n], c_shared.k[:, :, :end], c_shared.v[:, :, :end]),
+                      (h1, aux1, c.k[:, :, :end], c.v[:, :, :end])))
+        row += n
+    return alone
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("build", build_names())
+def test_a_request_computes_the_same_in_a_batch_as_alone(tiny_model_dir, build, dtype):
+    """Row invariance across requests: every request's hidden states, features and K/V in a batched forward are
+    bit-identical to its forward alone, whatever else shares the pass."""
+    target = load_target(tiny_model_dir, DTYPES[dtype], _kernels(build, DTYPES[dtype]))
+    for i, (batched, alone) in enumerate(_batched_against_alone(target)):
+        for a, b in zip(batched, alone):
+            assert torch.equal(a, b), i
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_reference_loop_batches_the_same(tiny_model_dir, dtype):
+    """The torch kernels, and the compiled ones' fallback for an fp8 cache, take parts too: each request as alone
+    (bf16 exactly where the kernels are row-invariant, else to rounding)."""
+    dt = DTYPES[dtype]
+    for target, cache_dtype in ((load_target(tiny_model_dir, dt, TorchKernels(dt)), None),
+                                (load_target(tiny_model_dir, dt), torch.float8_e4m3fn)):
+        for batched, alone in _batched_against_alone(target, cache_dtype):
+            for a, b in zip(batched, alone):
+                if target.row_invariant:
+                    assert torch.equal(a, b)
+                else:
+                    torch.testing.assert_close(a.float(), b.float(), atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("build", build_names())
 def test_a_cache_in_another_dtype_takes_the_reference_loop(tiny_model_dir, build, dtype):
@@ -77,15 +140,17 @@ def test_stack_checks_its_input(tiny_model_dir, build):
     cos, sin = target.rope.tables(torch.arange(2))
     x = target.embed[torch.tensor([1, 2])]
     lib, spec = target.kernels.lib, target.spec
+    def run(x, *parts):
+        return stack.decoder_stack(lib, table, spec=spec, x=x, cos=cos, sin=sin, parts=list(parts), aux_layers=[])
+
     with pytest.raises(RuntimeError, match="KV cache full: need 5 slots, capacity 4"):
-        stack.decoder_stack(lib, table, spec=spec, x=x, cos=cos, sin=sin, k_cache=cache.k, v_cache=cache.v, start=3,
-                            mask=None, aux_layers=[])
+        run(x, Part(cache, 3, 2, torch.ones(2, 5, dtype=torch.bool)))
     with pytest.raises(ValueError, match=r"mask must be bool \[2, 2\]"):
-        stack.decoder_stack(lib, table, spec=spec, x=x, cos=cos, sin=sin, k_cache=cache.k, v_cache=cache.v, start=0,
-                            mask=torch.ones(2, 3, dtype=torch.bool), aux_layers=[])
+        run(x, Part(cache, 0, 2, torch.ones(2, 3, dtype=torch.bool)))
     with pytest.raises(TypeError, match="contiguous torch.bfloat16 input"):
-        stack.decoder_stack(lib, table, spec=spec, x=x.float(), cos=cos, sin=sin, k_cache=cache.k, v_cache=cache.v,
-                            start=0, mask=None, aux_layers=[])
+        run(x.float(), Part(cache, 0, 2, torch.ones(2, 2, dtype=torch.bool)))
+    with pytest.raises(ValueError, match="the parts hold 1 rows, the input 2"):
+        run(x, Part(cache, 0, 1))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -4,6 +4,7 @@ on the tiny engine; every request bounded in tokens and time."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -142,6 +143,10 @@ def test_concurrent_requests_each_equal_their_solo_answer(server, engine):
     for t in threads:
         t.join(TIMEOUT)
     assert not errors and got == want
+    # They shared engine steps: some step ran more than one request.
+    steps = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'eagle_trt:iteration_requests_bucket\{le="([0-9.]+)"\} ([0-9.e+]+)', server.get("/metrics"))}
+    assert steps["1.0"] < steps["256.0"]
 
 
 @pytest.mark.parametrize("body, status, says", [
@@ -209,13 +214,16 @@ def test_bench_serve_checks_every_answer_and_reports_each_level(server, tmp_path
     prompts = tmp_path / "short.jsonl"  # the tiny engine takes 64 prompt tokens
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:2]))
     r = CliRunner().invoke(app, ["bench-serve", "--url", server.url, "--prompts", str(prompts), "--concurrency",
-                                 "1,2", "--requests", "2", "--max-tokens", "8", "--json", "--out", str(tmp_path / "bs")])
+                                 "1,2", "--requests", "2", "--repeats", "2", "--max-tokens", "8", "--json", "--out",
+                                 str(tmp_path / "bs")])
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert res["mismatches"] == [] and [(lv["concurrency"], lv["mode"]) for lv in res["levels"]] == [
         (1, "ar"), (1, "eagle"), (2, "ar"), (2, "eagle")]
-    assert all(lv["requests"] == 2 and lv["output_tokens"] > 0 for lv in res["levels"])
-    assert (tmp_path / "bs" / "report.md").read_text().count("| 2 |") == 2
+    assert all(lv["requests"] == 4 and lv["output_tokens"] > 0 and len(lv["output_tokens_per_s_runs"]) == 2
+               for lv in res["levels"])
+    assert res["ratios"]["1"]["ar_over_c1_ar"] == 1.0 and res["ratios"]["2"]["eagle_over_ar"] > 0
+    assert (tmp_path / "bs" / "report.md").read_text().count("| 2 |") == 3  # two levels, one ratio row
 
 
 @pytest.mark.parametrize("url", ["http://10.1.2.3:8000", "https://127.0.0.1:8000", "http://example.com:80"])
@@ -224,16 +232,39 @@ def test_bench_serve_only_targets_this_machine(url):
     assert r.exit_code == 2 and "must be http://127.0.0.1:PORT" in r.stderr
 
 
-def test_the_engine_thread_opens_the_session_it_runs():
+def test_the_engine_thread_opens_the_session_it_runs(engine):
     # The kernels' OpenMP threads serve the thread that first used them at full speed (docs/bench.md): the engine
     # must be opened where it runs, not in the thread that starts the server.
+    from eagle_trt.runtime.session import Session
     from eagle_trt.serve.worker import EngineWorker
 
-    seen = []
-    w = EngineWorker(lambda: seen.append(threading.current_thread()) or "session")
-    assert w.start_and_wait() == "session" and seen == [w]
+    seen, opened = [], []
+    w = EngineWorker(lambda: seen.append(threading.current_thread()) or opened.append(Session.open(engine))
+                     or opened[0])
+    assert w.start_and_wait() is opened[0] and seen == [w]
+    assert w.batch.cost is not None  # the verify-cost curve, measured on the engine thread too
     w.stop()
     w.join(10)
     failing = EngineWorker(lambda: (_ for _ in ()).throw(RuntimeError("no engine")))
     with pytest.raises(RuntimeError, match="no engine"):
         failing.start_and_wait()
+
+
+def test_serve_refuses_bad_batch_settings(engine):
+    for args, says in ((["--kv-cache-memory", "lots"], "--kv-cache-memory: not a size"),
+                       (["--max-batch", "0"], "--max-batch must be in [1, 256]")):
+        r = CliRunner().invoke(app, ["serve", "--engine", str(engine), *args])
+        assert r.exit_code == 2 and says in r.output, r.output
+
+
+def test_a_request_beyond_the_kv_budget_is_a_400_and_one_that_fits_runs(engine):
+    s = Server(engine, "--kv-cache-memory", "200KB")  # the tiny model: ~1 KiB of KV a token
+    try:
+        ok, body = s.post("/v1/chat/completions", {"model": "tiny", "max_tokens": 4,
+                                                   "messages": [{"role": "user", "content": "hi"}]})
+        assert ok == 200 and body["usage"]["completion_tokens"] >= 1, body
+        status, body = s.post("/v1/chat/completions", {"model": "tiny", "max_tokens": 120,
+                                                       "messages": [{"role": "user", "content": "hi " * 10}]})
+        assert status == 400 and "--kv-cache-memory" in body["error"]["message"], body
+    finally:
+        s.stop()

@@ -141,22 +141,53 @@ def run_level(host: str, port: int, model: str, prompts: list[list[dict]], mode:
 
 
 def serve_load(url: str, model: str, prompts: list[list[dict]], concurrency: list[int], max_tokens: int,
-               requests: int, api_key: str | None = None, progress=None) -> dict:
-    """Both modes at every concurrency; returns {"levels": [summary, ...], "mismatches": [...]} where a mismatch is
-    a prompt whose speculative answer differs from its plain one."""
+               requests: int, api_key: str | None = None, progress=None, repeats: int = 1) -> dict:
+    """Both modes at every concurrency, `repeats` times each, the modes alternating (ar, eagle, ar, eagle, ...) so
+    that a machine's drift hits both alike. Returns {"levels": [summary, ...], "mismatches": [...]}: one summary
+    per concurrency and mode (throughput median and min over the repeats, latencies over every request of them), and
+    the prompts whose speculative answer differs from their plain one."""
     host, port = check_loopback(url)
     levels, answers = [], {}
     for c in concurrency:
-        for mode in MODES:
-            if progress:
-                progress(f"{mode} at concurrency {c}: {requests} requests")
-            level = run_level(host, port, model, prompts, mode, c, requests, max_tokens, api_key)
-            levels.append(level.summary())
-            for s in level.samples:
-                answers.setdefault((mode, s.prompt), set()).add(s.text)
+        runs: dict[str, list[Level]] = {m: [] for m in MODES}
+        for r in range(repeats):
+            for mode in MODES:
+                if progress:
+                    progress(f"{mode} at concurrency {c}: {requests} requests" + (
+                        f" (repeat {r + 1}/{repeats})" if repeats > 1 else ""))
+                level = run_level(host, port, model, prompts, mode, c, requests, max_tokens, api_key)
+                runs[mode].append(level)
+                for smp in level.samples:
+                    answers.setdefault((mode, smp.prompt), set()).add(smp.text)
+        levels += [merged(runs[mode]) for mode in MODES]
     mismatches = sorted({p for (mode, p), texts in answers.items() if mode == "eagle"
                          and texts != answers.get(("ar", p), texts)})
-    return {"levels": levels, "mismatches": mismatches}
+    return {"levels": levels, "mismatches": mismatches, "repeats": repeats}
+
+
+def merged(runs: list[Level]) -> dict:
+    """One summary of a level's repeats: latencies over all their requests; throughput per repeat (median, min)."""
+    whole = Level(runs[0].mode, runs[0].concurrency, sum(r.wall_s for r in runs),
+                  [smp for r in runs for smp in r.samples])
+    out = whole.summary()
+    per_run = [r.summary()["output_tokens_per_s"] for r in runs]
+    out.update(output_tokens_per_s=round(statistics.median(per_run), 3), output_tokens_per_s_min=min(per_run),
+               output_tokens_per_s_runs=per_run)
+    return out
+
+
+def ratios(levels: list[dict]) -> dict:
+    """Speculative over plain throughput at each concurrency, and each mode's throughput over concurrency-1 plain
+    decoding (what batching buys)."""
+    by = {(lv["concurrency"], lv["mode"]): lv["output_tokens_per_s"] for lv in levels}
+    base = by.get((min(c for c, _ in by), "ar")) if by else None
+    out = {}
+    for c in sorted({c for c, _ in by}):
+        ar, eagle = by.get((c, "ar")), by.get((c, "eagle"))
+        out[str(c)] = {"eagle_over_ar": round(eagle / ar, 3) if ar and eagle else None,
+                       "ar_over_c1_ar": round(ar / base, 3) if ar and base else None,
+                       "eagle_over_c1_ar": round(eagle / base, 3) if eagle and base else None}
+    return out
 
 
 class LocalServer:
@@ -189,17 +220,53 @@ class LocalServer:
 
 
 def report_markdown(results: dict) -> str:
+    reps = results.get("repeats", 1)
     lines = [f"# bench-serve: {results['model']}", "", f"CPU: {results.get('cpu', '?')}; max_tokens "
-             f"{results['max_tokens']}, {results['requests']} requests per level; command: `{results['command']}`",
-             "", "| concurrency | mode | output tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | τ |", "|---|---|---|---|---|---|"]
+             f"{results['max_tokens']}, {results['requests']} requests per level and mode, {reps} repeat(s), the "
+             f"modes alternating; command: `{results['command']}`", "",
+             "| concurrency | mode | output tok/s (median / min) | TTFT p50 / p99 ms | TPOT p50 / p99 ms | τ |",
+             "|---|---|---|---|---|---|"]
     for lv in results["levels"]:
-        lines.append(f"| {lv['concurrency']} | {lv['mode']} | {lv['output_tokens_per_s']:.2f} | "
+        lines.append(f"| {lv['concurrency']} | {lv['mode']} | {lv['output_tokens_per_s']:.2f} / "
+                     f"{lv.get('output_tokens_per_s_min', lv['output_tokens_per_s']):.2f} | "
                      f"{lv['ttft_ms']['p50']:.0f} / {lv['ttft_ms']['p99']:.0f} | "
                      f"{lv['tpot_ms']['p50']:.1f} / {lv['tpot_ms']['p99']:.1f} | "
                      f"{lv['acceptance_length'] if lv['acceptance_length'] is not None else '-'} |")
+    lines += ["", "| concurrency | speculative / plain | plain / plain at c=1 | speculative / plain at c=1 |",
+              "|---|---|---|---|"]
+    for c, r in results.get("ratios", {}).items():
+        lines.append(f"| {c} | {r['eagle_over_ar']} | {r['ar_over_c1_ar']} | {r['eagle_over_c1_ar']} |")
     lines += ["", "Speculative answers equal to plain ones: " + ("all" if not results["mismatches"] else
                                                                    f"NOT for prompts {results['mismatches']}")]
     return "\n".join(lines) + "\n"
+
+
+def write_plot(results: dict, out: Path) -> Path | None:
+    """throughput_latency.png: output tok/s against TPOT p50 per mode, one point per concurrency (None without
+    matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for mode in MODES:
+        pts = [(lv["tpot_ms"]["p50"], lv["output_tokens_per_s"], lv["concurrency"]) for lv in results["levels"]
+               if lv["mode"] == mode]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label={"ar": "plain", "eagle": "speculative"}[mode])
+        for x, y, c in pts:
+            ax.annotate(f"c={c}", (x, y), xytext=(4, 4), textcoords="offset points", fontsize=8)
+    ax.set_xlabel("time per output token, p50 (ms)")
+    ax.set_ylabel("output tokens/s (all requests)")
+    ax.set_title(f"Throughput vs latency, {results['model']}")
+    ax.legend()
+    fig.tight_layout()
+    path = out / "throughput_latency.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _pcts(values: list[float]) -> dict:

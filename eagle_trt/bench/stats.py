@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from eagle_trt.timing import median_seconds  # noqa: F401 - the benchmarks' timing, shared
 
 
 def summarize(values: list[float]) -> dict:
@@ -100,15 +101,3 @@ def interpolate(curve: dict[int, float], x: float) -> float:
             return curve[hi]
     y = curve[lo] + (curve[hi] - curve[lo]) * (x - lo) / (hi - lo)
     return max(y, 0.0)
-
-
-def median_seconds(fn, reps: int, warmup: int = 1) -> float:
-    """Median wall time of `fn()` over `reps` calls, after `warmup` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)

@@ -24,7 +24,9 @@ def bench_serve(
     model: Annotated[Optional[str], typer.Option(help="Model id to ask for (default: the server's first).")] = None,
     prompts: Annotated[str, typer.Option(help="chat, humaneval or a .jsonl file (as `bench`).")] = "chat",
     limit: Annotated[Optional[int], typer.Option(help="First N prompts of the set.")] = 8,
-    concurrency: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")] = "1,2,4",
+    concurrency: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")] = "1,2,4,8,16",
+    repeats: Annotated[int, typer.Option(help="Runs of each level and mode, the modes alternating; throughput is "
+                                         "reported as median and min over them.")] = 2,
     requests: Annotated[Optional[int], typer.Option(help="Requests per level and mode (default: 2 x the highest "
                                                     "concurrency, at least 4).")] = None,
     max_tokens: Annotated[int, typer.Option(help="max_tokens of every request.")] = 64,
@@ -39,14 +41,15 @@ def bench_serve(
     Example: eagle-trt bench-serve --engine engines/smollm2-135m-eagle3 --concurrency 1,2,4 --out bench-serve
     """
     handle_errors(_bench_serve)(engine, url, model, prompts, limit, concurrency, requests, max_tokens, api_key, out,
-                                json_out)
+                                json_out, repeats)
 
 
-def _bench_serve(engine, url, model, prompts, limit, concurrency, requests, max_tokens, api_key, out, json_out):
+def _bench_serve(engine, url, model, prompts, limit, concurrency, requests, max_tokens, api_key, out, json_out,
+                 repeats=1):
     # Imported here: the bench modules pull in torch, which `eagle-trt --help` should not wait for.
     from eagle_trt.bench.prompts import load_prompts
     from eagle_trt.bench.report import prepare_out
-    from eagle_trt.bench.serve_load import LocalServer, check_loopback, report_markdown
+    from eagle_trt.bench.serve_load import LocalServer, check_loopback, ratios, report_markdown, write_plot
 
     if (engine is None) == (url is None):
         raise InputError("give --engine (a server is started for the run) or --url (one already running), not both")
@@ -57,8 +60,8 @@ def _bench_serve(engine, url, model, prompts, limit, concurrency, requests, max_
     if not levels or levels[0] < 1 or levels[-1] > 256:
         raise InputError(f"--concurrency must list integers in [1, 256], got {concurrency!r}")
     requests = requests if requests is not None else max(4, 2 * levels[-1])
-    if requests < 1 or max_tokens < 1:
-        raise InputError("--requests and --max-tokens must be >= 1")
+    if requests < 1 or max_tokens < 1 or repeats < 1:
+        raise InputError("--requests, --max-tokens and --repeats must be >= 1")
     if url is not None:
         check_loopback(url)
     chats = [p.messages or [{"role": "user", "content": p.text}] for p in load_prompts(prompts, limit)]
@@ -66,14 +69,16 @@ def _bench_serve(engine, url, model, prompts, limit, concurrency, requests, max_
     progress = None if json_out else (lambda msg: err_console.print(msg, markup=False))
     if engine is not None:
         with LocalServer(engine, ["--api-key", api_key] if api_key else []) as started:
-            results = _run(started, model, chats, levels, max_tokens, requests, api_key, progress)
+            results = _run(started, model, chats, levels, max_tokens, requests, api_key, progress, repeats)
     else:
-        results = _run(url, model, chats, levels, max_tokens, requests, api_key, progress)
+        results = _run(url, model, chats, levels, max_tokens, requests, api_key, progress, repeats)
+    results["ratios"] = ratios(results["levels"])
     results.update(cpu=_cpu(), max_tokens=max_tokens, requests=requests, prompts=prompts,
                    command=" ".join(["eagle-trt", "bench-serve", *sys.argv[2:]]))
     if out is not None:
         (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
         (out / "report.md").write_text(report_markdown(results), encoding="utf-8")
+        write_plot(results, out)
     if json_out:
         print_json(results)
     else:
@@ -82,11 +87,11 @@ def _bench_serve(engine, url, model, prompts, limit, concurrency, requests, max_
         raise InputError(f"speculative answers differ from plain decoding for prompts {results['mismatches']}")
 
 
-def _run(url, model, chats, levels, max_tokens, requests, api_key, progress) -> dict:
+def _run(url, model, chats, levels, max_tokens, requests, api_key, progress, repeats) -> dict:
     from eagle_trt.bench.serve_load import serve_load  # (torch, as above)
 
     model = model or _first_model(url, api_key)
-    results = serve_load(url, model, chats, levels, max_tokens, requests, api_key, progress)
+    results = serve_load(url, model, chats, levels, max_tokens, requests, api_key, progress, repeats)
     results["model"] = model
     return results
 

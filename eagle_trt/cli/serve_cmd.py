@@ -12,6 +12,7 @@ import typer
 from eagle_trt.cli.common import EngineOpt, SkipVerifyOpt, ThreadsOpt, apply_threads, err_console, handle_errors, \
     require_engine
 from eagle_trt.errors import InputError, MissingDependencyError
+from eagle_trt.safetensors_stream import parse_size
 
 
 def serve(
@@ -19,7 +20,15 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind. 127.0.0.1 (this machine only) unless you mean "
                                       "otherwise; anything else should sit behind --api-key and a proxy.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0 picks a free one and prints it).")] = 8000,
+    max_batch: Annotated[int, typer.Option(
+        help="Requests decoded together: each engine step is one target forward over all of them.")] = 8,
     max_queue: Annotated[int, typer.Option(help="Requests that may wait; one more is answered 429.")] = 64,
+    kv_cache_memory: Annotated[Optional[str], typer.Option(
+        help="KV cache the running requests may reserve in all (e.g. 2GiB, 500MB); a request that does not fit "
+             "waits, one larger than all of it is a 400. Default: --max-batch requests of any size.")] = None,
+    no_batch_sizing: Annotated[bool, typer.Option(
+        "--no-batch-sizing", help="Every request drafts its configured tree, whatever the batch.")]
+    = False,
     api_key: Annotated[Optional[str], typer.Option(
         envvar="EAGLE_TRT_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/* (also EAGLE_TRT_API_KEY).")] = None,
     model_name: Annotated[Optional[str], typer.Option(
@@ -33,15 +42,18 @@ def serve(
     "stream": true), GET /v1/models, /health and /metrics (Prometheus). A TensorRT-LLM bundle is served by its own
     serve.sh (trtllm-serve) with the same --host and --port.
 
-    Requests are decoded one at a time, each exactly as `eagle-trt run` decodes it alone (greedy output equals
-    `--mode ar`). Example:
+    Concurrent requests are batched continuously: every engine step is one target forward over every running
+    request's rows. The server measures whether drafting beats plain decoding at the batch's width (where it does
+    not, the batch runs as batched plain decoding) and cuts each tree to the nodes worth their rows. Each answer is what `eagle-trt run` gives for
+    its prompt alone (greedy output equals `--mode ar`). Example:
 
         eagle-trt serve --engine engines/smollm2-135m-eagle3 --port 8000
 
         curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' \\
              -d '{"model": "smollm2-135m-eagle3", "messages": [{"role": "user", "content": "Hi"}]}'
     """
-    handle_errors(_serve)(engine, host, port, max_queue, api_key, model_name, drain_seconds, skip_verify, threads)
+    handle_errors(_serve)(engine, host, port, max_queue, api_key, model_name, drain_seconds, skip_verify, threads,
+                          max_batch, kv_cache_memory, not no_batch_sizing)
 
 
 def _exec_bundle_serve(root: Path, host: str, port: int, api_key: str | None) -> None:
@@ -75,7 +87,8 @@ def _draining_server_class():
     return DrainingServer
 
 
-def _serve(engine, host, port, max_queue, api_key, model_name, drain_seconds, skip_verify, threads) -> None:
+def _serve(engine, host, port, max_queue, api_key, model_name, drain_seconds, skip_verify, threads, max_batch=8,
+           kv_cache_memory=None, size_trees=True) -> None:
     # Imported here: the server stack and the session pull in torch, FastAPI and uvicorn, which the other commands
     # should not wait for; FastAPI, uvicorn and prometheus-client are the optional `serve` extra.
     try:
@@ -97,6 +110,14 @@ def _serve(engine, host, port, max_queue, api_key, model_name, drain_seconds, sk
         raise InputError(f"--max-queue must be >= 1, got {max_queue}")
     if drain_seconds < 0:
         raise InputError(f"--drain-seconds must be >= 0, got {drain_seconds}")
+    if not 1 <= max_batch <= 256:
+        raise InputError(f"--max-batch must be in [1, 256], got {max_batch}")
+    kv_budget = None
+    if kv_cache_memory is not None:
+        try:
+            kv_budget = parse_size(kv_cache_memory)
+        except ValueError as e:
+            raise InputError(f"--kv-cache-memory: {e}") from None
     require_engine(engine)
     if open_engine(engine, verify=False).config.backend != "torch":  # the manifest says; the bundle is verified next
         _exec_bundle_serve(Path(open_engine(engine, verify=not skip_verify).root), host, port, api_key)
@@ -105,7 +126,8 @@ def _serve(engine, host, port, max_queue, api_key, model_name, drain_seconds, sk
         apply_threads(threads)
         return Session.open(engine, verify=not skip_verify)
 
-    worker = EngineWorker(open_session, max_queue=max_queue)
+    worker = EngineWorker(open_session, max_queue=max_queue, max_batch=max_batch, kv_budget_bytes=kv_budget,
+                          size_trees=size_trees)
     session = worker.start_and_wait()  # the engine thread opens it: only that thread runs the model
     name = model_name or session.config.name
     config = uvicorn.Config(make_app(session, worker, name, api_key), host=host, port=port, log_level="warning",

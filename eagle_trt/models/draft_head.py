@@ -22,7 +22,7 @@ import torch
 
 from eagle_trt.errors import CheckpointError
 from eagle_trt.models import weight_cache
-from eagle_trt.models.kernel_api import Kernels
+from eagle_trt.models.kernel_api import Kernels, Part
 from eagle_trt.models.kernels import choose_kernels, head_inputs
 from eagle_trt.models.kv_cache import KVCache
 from eagle_trt.models.layers import Rope
@@ -178,10 +178,18 @@ class Eagle3DraftHead:
         mask: [T, start+T] bool (True = visible) or None when every slot is visible.
         Returns draft logits [T, draft_vocab] (only the last row with last_only) and the pre-norm
         output hidden [T, H]."""
+        return self.batched_forward(hidden, tokens, positions, [Part(cache, start, tokens.numel(), mask)], last_only)
+
+    @torch.inference_mode()
+    def batched_forward(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, parts: list[Part],
+                        last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Several requests' rows in one forward (`kernel_api.Part`: each request's head cache, start, rows and
+        mask, in row order) -> draft logits [T, draft_vocab] (with last_only: each part's last row,
+        [len(parts), draft_vocab]) and the pre-norm output hidden [T, H]."""
         cos, sin = self.rope.tables(positions)
         return self.kernels.draft_layer(self._weights, spec=self.spec, hidden=hidden, e=self.embed[tokens],
-                                        prenorm=self.hidden_prenorm, cos=cos, sin=sin, cache=cache, start=start,
-                                        mask=mask, last_only=last_only)
+                                        prenorm=self.hidden_prenorm, cos=cos, sin=sin, parts=parts,
+                                        last_only=last_only)
 
     def top_logp(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft logits [R, V] (or [V]) -> the k most likely draft ids of each row and their log-probs, largest first:

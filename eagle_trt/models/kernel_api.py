@@ -33,6 +33,18 @@ class HeadStack:
     table: Any = None
 
 
+@dataclass(frozen=True)
+class Part:
+    """One request's rows in a target forward: `rows` consecutive rows of the pass, whose K/V go to slots start..
+    of its own `cache`, seeing the prefix and each other through `mask` ([rows, start + rows] bool, or None for one
+    row). A forward over several parts computes each part's rows as it would alone."""
+
+    cache: Any
+    start: int
+    rows: int
+    mask: torch.Tensor | None = None
+
+
 class Kernels(Protocol):
     name: str  # amx, avx512, avx2 or torch
     dtype: torch.dtype
@@ -57,17 +69,18 @@ class Kernels(Protocol):
     def target_weights(self, layers: Sequence[Any], norm: torch.Tensor) -> TargetStack: ...
 
     def decoder_stack(self, weights: TargetStack, *, spec: Any, x: torch.Tensor, cos: torch.Tensor,
-                      sin: torch.Tensor, cache: Any, start: int, mask: torch.Tensor | None,
+                      sin: torch.Tensor, parts: Sequence[Part],
                       aux_layers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x [T, hidden] embedded tokens through every layer, K/V into cache slots start.. -> (final-normed hidden
-        [T, hidden], the aux layers' outputs concatenated, or None)."""
+        """x [T, hidden] embedded tokens of the parts' rows in order through every layer, each part's K/V into its
+        own cache -> (final-normed hidden [T, hidden], the aux layers' outputs concatenated, or None)."""
 
     def draft_weights(self, head: Any) -> HeadStack: ...
 
     def draft_layer(self, weights: HeadStack, *, spec: Any, hidden: torch.Tensor, e: torch.Tensor, prenorm: bool,
-                    cos: torch.Tensor, sin: torch.Tensor, cache: Any, start: int, mask: torch.Tensor | None,
+                    cos: torch.Tensor, sin: torch.Tensor, parts: Sequence[Part],
                     last_only: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """The head's layer -> (draft logits, pre-norm output hidden)."""
+        """The head's layer over the parts' rows, each against its own head cache -> (draft logits: every row's, or
+        each part's last with last_only; pre-norm output hidden)."""
 
     def greedy(self, lm_head: Any, hidden: torch.Tensor) -> torch.Tensor: ...
 

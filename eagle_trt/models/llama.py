@@ -19,12 +19,24 @@ from pathlib import Path
 import torch
 
 from eagle_trt.models import weight_cache
+from eagle_trt.models.kernel_api import Part
 from eagle_trt.models.kernels import choose_kernels
 from eagle_trt.models.kv_cache import KVCache
 from eagle_trt.models.layers import Rope
 from eagle_trt.models.spec import TargetSpec
 from eagle_trt.models.weights import LazyTensors, read_json, take
 from eagle_trt.private_cache import WeightSource
+
+
+@dataclass
+class Rows:
+    """One request's tokens in a target forward: ids and positions [T], its KV cache (written after
+    cache.length), and how they see each other (tree_mask [T, T] bool; None: causal)."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    cache: KVCache
+    tree_mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -205,16 +217,26 @@ class LlamaTarget:
         aux_layers: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Like `forward`, but returns the final-normed hidden states [T (or rows), H] instead of logits."""
+        h, aux = self.batched_hidden_states([Rows(tokens, positions, cache, tree_mask)], need_aux, aux_layers)
+        return (h if rows is None else h[rows]), aux
+
+    @torch.inference_mode()
+    def batched_hidden_states(self, batch: list[Rows], need_aux: bool = False,
+                              aux_layers: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward over several requests' rows, each `Rows` against its own KV cache (written after its
+        cache.length, which does not advance) -> the final-normed hidden states [sum of rows, H] and the features,
+        the requests' rows in order. Each request's rows are what `hidden_states` gives it alone: the kernels keep
+        every row a function of that row, and attention reads the request's own cache only."""
         if need_aux and aux_layers is None:
             aux_layers = self.aux_layer_ids
-        t = tokens.shape[0]
-        start = cache.length
+        tokens = torch.cat([r.tokens for r in batch]) if len(batch) > 1 else batch[0].tokens
+        positions = torch.cat([r.positions for r in batch]) if len(batch) > 1 else batch[0].positions
         x = self.embed[tokens]  # [T, hidden], a fresh tensor (the kernels may update it in place)
         cos, sin = self.rope.tables(positions)
-        h, aux = self.kernels.decoder_stack(self._weights, spec=self.spec, x=x, cos=cos, sin=sin, cache=cache,
-                                            start=start, mask=self._mask(t, start, tree_mask),
-                                            aux_layers=aux_layers if need_aux else [])
-        return (h if rows is None else h[rows]), aux
+        parts = [Part(r.cache, r.cache.length, r.tokens.shape[0],
+                      self._mask(r.tokens.shape[0], r.cache.length, r.tree_mask)) for r in batch]
+        return self.kernels.decoder_stack(self._weights, spec=self.spec, x=x, cos=cos, sin=sin, parts=parts,
+                                          aux_layers=aux_layers if need_aux else [])
 
     @staticmethod
     def _mask(t: int, start: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:

@@ -2,8 +2,8 @@
 against, and the engine wherever they are not available (no compiler, EAGLE_TRT_NATIVE=0, a GPU, float16).
 
     kernels = TorchKernels(torch.float32)
-    h, aux = kernels.decoder_stack(kernels.target_weights(layers, norm), spec=spec, x=x, cos=cos, sin=sin, cache=cache,
-                                   start=start, mask=mask, aux_layers=[1])
+    h, aux = kernels.decoder_stack(kernels.target_weights(layers, norm), spec=spec, x=x, cos=cos, sin=sin,
+                                   parts=[Part(cache, start, rows, mask)], aux_layers=[1])
 
 Rows: fp32 takes torch's fused attention and its GEMMs, which sum a verify row in another order than a one-row call
 (last-bit differences; `row_invariant` is False). bf16 takes float64 attention (products of bf16 inputs are exact
@@ -21,13 +21,19 @@ from eagle_trt.models.gemm import INVARIANT_ROWS, Projection, bf16_hardware, pre
 from eagle_trt.models.layers import Rope, additive_mask, attention, attention_fp64, rms_norm, swiglu_mlp
 
 
-def target_layers(layers, norm, spec, x, cos, sin, cache, start: int, mask, aux_layers: list[int], attend):
-    """The decoder stack as torch operators: x [T, hidden] embedded tokens, cos/sin [T, D], K/V written to slots
-    start.. of `cache`, mask in the form `attend` takes -> (final-normed hidden [T, hidden], the aux layers' outputs
-    concatenated in layer order, or None)."""
+def target_layers(layers, norm, spec, x, cos, sin, parts, aux_layers: list[int], attend, masks=None):
+    """The decoder stack as torch operators: x [T, hidden] embedded tokens of the parts' rows in order, cos/sin
+    [T, D]; each part's K/V written to slots start.. of its own cache, and its rows attending through its mask (or
+    `masks`, the parts' masks already in the form `attend` takes) -> (final-normed hidden [T, hidden], the aux
+    layers' outputs concatenated in layer order, or None)."""
     s = spec
     t = x.shape[0]
     q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+    masks = masks if masks is not None else [p.mask for p in parts]
+    bounds, row = [], 0
+    for p in parts:
+        bounds.append((row, row + p.rows))
+        row += p.rows
     want, aux = set(aux_layers), []
     for i, lw in enumerate(layers):
         h = rms_norm(x, lw.input_norm, s.rms_norm_eps)
@@ -38,9 +44,12 @@ def target_layers(layers, norm, spec, x, cos, sin, cache, start: int, mask, aux_
         qk = qkv[:, :q_out + kv_out].reshape(t, s.num_heads + s.num_kv_heads, s.head_dim).transpose(0, 1)
         q, k = Rope.rotate(qk, cos, sin).split((s.num_heads, s.num_kv_heads))
         v = qkv[:, q_out + kv_out:].reshape(t, s.num_kv_heads, s.head_dim).transpose(0, 1)
-        cache.write(i, start, k, v)
-        kc, vc = cache.read(i, start + t)
-        x = x + lw.o(attend(q, kc, vc, mask))
+        outs = []
+        for p, m, (lo, hi) in zip(parts, masks, bounds):
+            p.cache.write(i, p.start, k[:, lo:hi], v[:, lo:hi])
+            kc, vc = p.cache.read(i, p.start + p.rows)
+            outs.append(attend(q[:, lo:hi], kc, vc, m))
+        x = x + lw.o(outs[0] if len(outs) == 1 else torch.cat(outs))
         x = x + swiglu_mlp(rms_norm(x, lw.post_norm, s.rms_norm_eps), lw.gate_up, lw.down)
         if i in want:
             aux.append(x)
@@ -48,9 +57,10 @@ def target_layers(layers, norm, spec, x, cos, sin, cache, start: int, mask, aux_
     return h, (torch.cat(aux, dim=-1) if aux_layers else None)
 
 
-def draft_layer(head, spec, hidden, e, prenorm: bool, cos, sin, cache, start: int, mask, last_only: bool, attend):
-    """The EAGLE-3 head's layer as torch operators: hidden, e [T, H] (features, token embeddings) -> (draft logits
-    [T or 1, vocab], the layer's pre-norm output [T, H]). K/V go to slots start.. of the head's cache."""
+def draft_layer(head, spec, hidden, e, prenorm: bool, cos, sin, parts, last_only: bool, attend):
+    """The EAGLE-3 head's layer as torch operators: hidden, e [T, H] (features, token embeddings) of the parts' rows
+    -> (draft logits [T, vocab], or each part's last row with last_only; the layer's pre-norm output [T, H]). Each
+    part's K/V go to slots start.. of its own head cache."""
     s, eps = spec, spec.rms_norm_eps
     t = hidden.shape[0]
     h_in = rms_norm(hidden, head.input_norm, eps) if prenorm else hidden
@@ -60,11 +70,17 @@ def draft_layer(head, spec, hidden, e, prenorm: bool, cos, sin, cache, start: in
     q = Rope.rotate(q.reshape(t, s.num_heads, s.head_dim).transpose(0, 1), cos, sin)
     k = Rope.rotate(k.reshape(t, s.num_kv_heads, s.head_dim).transpose(0, 1), cos, sin)
     v = v.reshape(t, s.num_kv_heads, s.head_dim).transpose(0, 1)
-    cache.write(0, start, k, v)
-    kc, vc = cache.read(0, start + t)
-    out = hidden + head.o(attend(q, kc, vc, mask))
+    outs, lasts, row = [], [], 0
+    for p in parts:
+        lo, hi = row, row + p.rows
+        p.cache.write(0, p.start, k[:, lo:hi], v[:, lo:hi])
+        kc, vc = p.cache.read(0, p.start + p.rows)
+        outs.append(attend(q[:, lo:hi], kc, vc, p.mask))
+        lasts.append(hi - 1)
+        row = hi
+    out = hidden + head.o(outs[0] if len(outs) == 1 else torch.cat(outs))
     out = out + swiglu_mlp(rms_norm(out, head.post_norm, eps), head.gate_up, head.down)
-    logits = head.lm_head(rms_norm(out[-1:] if last_only else out, head.norm, eps))
+    logits = head.lm_head(rms_norm(out[lasts] if last_only else out, head.norm, eps))
     return logits, out
 
 
@@ -103,18 +119,19 @@ class TorchKernels:
     def target_weights(self, layers, norm) -> TargetStack:
         return TargetStack(layers, norm)
 
-    def decoder_stack(self, weights: TargetStack, *, spec, x, cos, sin, cache, start, mask, aux_layers):
-        if mask is not None and self.attend is attention_fp64:  # its additive form, made once for every layer
-            mask = additive_mask(mask, spec.num_heads // spec.num_kv_heads)
-        return target_layers(weights.layers, weights.norm, spec, x, cos, sin, cache, start, mask, aux_layers,
-                             self.attend)
+    def decoder_stack(self, weights: TargetStack, *, spec, x, cos, sin, parts, aux_layers):
+        masks = None
+        if self.attend is attention_fp64:  # its additive form, made once for every layer
+            groups = spec.num_heads // spec.num_kv_heads
+            masks = [additive_mask(p.mask, groups) if p.mask is not None else None for p in parts]
+        return target_layers(weights.layers, weights.norm, spec, x, cos, sin, parts, aux_layers, self.attend, masks)
 
     def draft_weights(self, head) -> HeadStack:
         return HeadStack(head)
 
-    def draft_layer(self, weights: HeadStack, *, spec, hidden, e, prenorm, cos, sin, cache, start, mask, last_only):
+    def draft_layer(self, weights: HeadStack, *, spec, hidden, e, prenorm, cos, sin, parts, last_only):
         # The head only proposes: torch's fused attention serves it in every dtype.
-        return draft_layer(weights.head, spec, hidden, e, prenorm, cos, sin, cache, start, mask, last_only, attention)
+        return draft_layer(weights.head, spec, hidden, e, prenorm, cos, sin, parts, last_only, attention)
 
     def greedy(self, lm_head, hidden: torch.Tensor) -> torch.Tensor:
         return lm_head(hidden).argmax(dim=-1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from eagle_trt.models.draft_head import Eagle3DraftHead
+from eagle_trt.models.kernel_api import Part
 from eagle_trt.runtime.tree_drafter import Candidates, Expansion, TreeDrafter
 
 __all__ = ["Candidates", "Drafter"]
@@ -25,11 +26,16 @@ class Drafter(TreeDrafter):
     def __init__(self, head: Eagle3DraftHead, capacity: int, kv_dtype: torch.dtype | None = None,
                  k_scales=None, v_scales=None, max_positions: int | None = None):
         self.head = head
+        self._cache_args = (kv_dtype, k_scales, v_scales, max_positions)
         self.cache = head.new_cache(capacity, kv_dtype, k_scales, v_scales)
         self.last_logits: torch.Tensor | None = None  # [Vd] draft logits for the root's children
         self.last_hidden: torch.Tensor | None = None  # [H] pre-norm output that produced them
         if max_positions is not None:  # the head shares the target's RoPE range
             self.max_positions = max_positions
+
+    def fresh(self, capacity: int) -> "Drafter":
+        """A drafter on the same head with its own KV cache of `capacity` slots (one per batched request)."""
+        return Drafter(self.head, capacity, *self._cache_args)
 
     @property
     def length(self) -> int:
@@ -68,11 +74,18 @@ class Drafter(TreeDrafter):
         """Run the head on F frontier nodes at `depth`. parent_vis: [F, W] slots each may see.
 
         Returns (draft logits [F, Vd], output hidden [F, H], the nodes' own visibility rows [F, W])."""
+        part, positions, vis = self.expansion_rows(state, tokens, depth, parent_vis)
+        logits, out = self.head.batched_forward(hidden, tokens, positions, [part])
+        return logits, out, vis
+
+    def expansion_rows(self, state: Expansion, tokens: torch.Tensor, depth: int,
+                       parent_vis: torch.Tensor) -> tuple[Part, torch.Tensor, torch.Tensor]:
+        """Where F frontier nodes at `depth` go in a head forward: their Part (this drafter's cache, the scratch
+        slots they take, their mask), positions [F], and their own visibility rows [F, W]."""
         n, f = self.cache.length, tokens.numel()
         vis, mask, cur = state.place(parent_vis, n)
         positions = torch.full((f,), n + depth - 1, dtype=torch.long)
-        logits, out = self.head.forward(hidden, tokens, positions, self.cache, n + cur, mask)
-        return logits, out, vis
+        return Part(self.cache, n + cur, f, mask), positions, vis
 
     # ---- tune's replay ----------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -32,6 +32,8 @@ class GenerationMetrics:
     rejections: int = 0  # sampled draft tokens rejected (T > 0 or typical acceptance)
     fallbacks: int = 0  # times the loop switched to plain decoding after repeated misses
     fallback_tokens: int = 0  # tokens produced by those plain-decoding stretches
+    # Tokens a shared verify pass decoded plainly because drafting did not pay at that batch width (runtime/batch.py)
+    undrafted_tokens: int = 0
     discarded_tokens: int = 0  # tokens the last verify step accepted past the stop (EOS or max_new_tokens)
 
     def discard(self, n: int) -> None:
@@ -104,6 +106,7 @@ class GenerationMetrics:
             "rejections": self.rejections,
             "fallbacks": self.fallbacks,
             "fallback_tokens": self.fallback_tokens,
+            "undrafted_tokens": self.undrafted_tokens,
             "discarded_tokens": self.discarded_tokens,
             "lookup_tokens_verified": sum(s.lookup_size for s in self.steps),
             "lookup_tokens_accepted": sum(s.lookup_accepted for s in self.steps),

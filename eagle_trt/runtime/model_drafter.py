@@ -49,12 +49,17 @@ class ModelDrafter(TreeDrafter):
 
     def __init__(self, model: DraftModel, capacity: int, target_vocab: int, kv_dtype: torch.dtype | None = None):
         self.model = model
+        self.kv_dtype = kv_dtype
         self.cache = model.new_cache(capacity, kv_dtype)
         self.vocab = min(model.spec.vocab_size, target_vocab)  # ids the draft may propose
         self.target_vocab = target_vocab
         self.max_positions = model.spec.max_position_embeddings
         self.last_logits: torch.Tensor | None = None  # [vocab] draft logits after the root
         self.last_hidden = torch.empty(0, dtype=model.dtype)  # no carry: the KV cache is the draft's state
+
+    def fresh(self, capacity: int) -> "ModelDrafter":
+        """A drafter on the same model with its own KV cache of `capacity` slots (one per batched request)."""
+        return ModelDrafter(self.model, capacity, self.target_vocab, self.kv_dtype)
 
     @property
     def length(self) -> int:

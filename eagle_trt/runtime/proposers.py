@@ -97,6 +97,22 @@ class DraftTree:
         self._tree, self._tokens, self._parents, self.proposals = tree, None, None, proposals
         self.spans.append(Span(source, 1, self.size))
 
+    def keep_best(self, n: int) -> None:
+        """Cut the drafted tree (the only proposer so far, with scored nodes) to its `n` best nodes below the root:
+        the highest cumulative log-probs, ties to the earlier node, so the kept set is closed under ancestors."""
+        tree = self._tree
+        assert tree is not None and tree.scores is not None and len(self.spans) == 1, "a scored drafted tree only"
+        scores = tree.scores
+        if n >= len(scores) - 1:
+            return
+        kept = sorted(sorted(range(1, len(scores)), key=lambda j: (-scores[j], j))[:n])
+        index = {0: 0, **{j: i for i, j in enumerate(kept, start=1)}}
+        parents = tree.parents.tolist()
+        cut = tree_from_parents(tree.tokens[[0] + kept], [-1] + [index[parents[j]] for j in kept])
+        cut.scores = [0.0] + [scores[j] for j in kept]
+        self._tree, self._tokens, self._parents = cut, None, None
+        self.spans = [Span(self.spans[0].source, 1, self.size)]
+
     def graft(self, source: str, chains: list[list[int]]) -> None:
         """Each chain as one more path below the root, sharing what the tree already has."""
         start = self.size

@@ -4,7 +4,7 @@
     request.commit([17, 42])      # append up to a stop (EOS, max_new_tokens); True once the request is over
     request.output, request.metrics.stop_reason
 
-The runner holds only what requests share (the models, the KV cache, the verify-row price); a request holds its
+The runner holds only what requests share (the models, the verify-row price); a request holds its KV regions, its
 token ids, sampling parameters and random generator, its prompt-lookup index and copy gate, its stop state, its
 metrics and its output. Any number of requests can exist at once: nothing here points at a runner.
 """
@@ -37,6 +37,10 @@ class Request:
     index: NgramIndex | None = None
     gate: CopyGate | None = None
     output: list[int] = field(default_factory=list)
+    # The request's KV regions: the target's cache and the drafter that keeps its own (the runner's when requests
+    # take turns, each request's own when they share verify passes, runtime/batch.py).
+    cache: object = None
+    drafter: object = None
     # Between speculative steps: the root (chosen by the target, not yet in its KV cache), the request's proposers
     # (runtime/proposers.py), and the drafter catch-up time the next step is charged with.
     root: int | None = None

@@ -104,6 +104,7 @@ class Runner:
         self.check_prompt(prompt_ids, config)
         drafting = config.mode == "eagle" and self.drafter is not None
         request = Request.new(prompt_ids, config, self.eos_token_ids, drafting, on_tokens)
+        request.cache, request.drafter = self.cache, self.drafter  # one request at a time: the runner's own
         t0 = time.perf_counter()
         if drafting:
             self._generate_eagle(request)
@@ -131,26 +132,26 @@ class Runner:
         target has that kernel) and the features, if asked."""
         last = torch.tensor([ids.numel() - 1]) if ids.numel() > 1 else None  # one token: its only row
         if request.greedy:
-            hidden, aux = self.target.hidden_states(ids, positions, self.cache, need_aux=need_aux, rows=last,
+            hidden, aux = self.target.hidden_states(ids, positions, request.cache, need_aux=need_aux, rows=last,
                                                     aux_layers=self.aux_layers)
             return int(self.target.greedy(hidden)[0]), aux
-        logits, aux = self.target.forward(ids, positions, self.cache, need_aux=need_aux, logits_rows=last,
+        logits, aux = self.target.forward(ids, positions, request.cache, need_aux=need_aux, logits_rows=last,
                                           aux_layers=self.aux_layers)
         return request.pick(logits[-1], self.target.argmax), aux
 
     def _prefill(self, request: Request, need_aux: bool) -> tuple[int, torch.Tensor | None]:
         ids = torch.tensor(request.prompt_ids)
         t = time.perf_counter()
-        self.cache.length = 0
+        request.cache.length = 0
         tok, aux = self._next_after(request, ids, torch.arange(ids.numel()), need_aux)
-        self.cache.length = ids.numel()
+        request.cache.length = ids.numel()
         request.metrics.prefill_s = time.perf_counter() - t
         return tok, aux
 
     def _plain_step(self, request: Request, tok: int, need_aux: bool) -> tuple[int, torch.Tensor | None]:
-        n = self.cache.length
+        n = request.cache.length
         nxt, aux = self._next_after(request, torch.tensor([tok]), torch.tensor([n]), need_aux)
-        self.cache.length = n + 1
+        request.cache.length = n + 1
         return nxt, aux
 
     # ---- loops ------------------------------------------------------------------------------------
@@ -168,10 +169,7 @@ class Runner:
         request.commit([root])
         if request.done:
             return
-        t = time.perf_counter()
-        self.drafter.start(torch.tensor(request.prompt_ids), aux, root)
-        request.root, request.carry_draft_s = root, time.perf_counter() - t
-        request.proposers = request_proposers(self.drafter, self.datastore, request)
+        self.start_drafting(request, aux, root)
         cfg = request.config
         while not request.done:
             if cfg.fallback_after and request.misses >= cfg.fallback_after:
@@ -180,7 +178,7 @@ class Runner:
                     return
             # The deepest node sits at position n + depth: no node (drafted or copied) goes deeper than the tokens
             # still to emit, nor past the model's last position.
-            room = min(request.left, self.max_positions - 1 - self.cache.length)
+            room = self.room(request)
             if room < 1:  # the root's own forward gives the last token
                 nxt, _ = self._plain_step(request, request.root, need_aux=False)
                 request.commit([nxt])
@@ -189,56 +187,87 @@ class Runner:
                 return
             self._step(request, room)
 
+    def start_drafting(self, request: Request, aux: torch.Tensor | None, root: int) -> None:
+        """After the prompt's prefill chose `root`: the request's drafter reads the prompt (and its features), and
+        its proposers are made."""
+        t = time.perf_counter()
+        request.drafter.start(torch.tensor(request.prompt_ids), aux, root)
+        request.root, request.carry_draft_s = root, time.perf_counter() - t
+        request.proposers = request_proposers(request.drafter, self.datastore, request)
+
+    def room(self, request: Request) -> int:
+        """How deep this step's tree may go: the deepest node sits at position n + depth, so no node (drafted or
+        copied) goes deeper than the tokens still to emit, nor past the model's last position."""
+        return min(request.left, self.max_positions - 1 - request.cache.length)
+
     def _step(self, request: Request, room: int) -> None:
         """One speculative step: draft -> verify -> accept -> commit."""
         t_draft = time.perf_counter()
-        draft = self._draft(request, room)
+        draft = self.draft(request, room)
         t_verify = time.perf_counter()
-        verified = self._verify(draft)
-        accepted = self._accept(request, draft, verified)
-        n = self.cache.length
+        verified = self._verify(request, draft)
+        accepted = self.accept(request, draft, verified)
+        self.commit_step(request, draft, verified, accepted, t_verify - t_draft, t_verify)
+        self.row_price.add_step(draft.size, 1000 * request.metrics.steps[-1].verify_s)
+
+    def commit_step(self, request: Request, draft: DraftTree, verified: Verified, accepted: Accepted,
+                    draft_s: float, t_verify: float, extend: bool = True) -> tuple | None:
+        """Keep the accepted path's K/V, emit its tokens, record the step, and catch the drafter up. `t_verify`: when
+        the verify pass began (a batched pass's, shared by every request in it). extend=False: return what the
+        drafter should read (the path's features, its tokens and the bonus) instead of feeding it, for a caller
+        that feeds several drafters at once (runtime/batch_drafting.py); None when the request is over."""
+        n = request.cache.length
         # Keep the accepted path's K/V, packed right after the prefix; the rest is dead space.
-        self.cache.compact(n, accepted.path)
-        self.cache.length = n + accepted.path.numel()
+        request.cache.compact(n, accepted.path)
+        request.cache.length = n + accepted.path.numel()
         t_done = time.perf_counter()
-        self.row_price.add_step(draft.size, 1000 * (t_done - t_verify))
         kept = request.commit(accepted.tokens + [accepted.bonus])
-        request.metrics.steps.append(_record(draft, accepted, kept, request.carry_draft_s + (t_verify - t_draft),
+        request.metrics.steps.append(_record(draft, accepted, kept, request.carry_draft_s + draft_s,
                                              t_done - t_verify))
         request.misses = request.misses + 1 if not accepted.tokens else 0
         if request.done:
-            return
+            return None
         request.committed_tokens += len(accepted.tokens) + 1
-        request.committed_s += request.carry_draft_s + t_done - t_draft
+        request.committed_s += request.carry_draft_s + draft_s + t_done - t_verify
         if request.gate is not None:
             request.gate.stepped(draft.accepted_from(accepted.nodes[1:], DRAFTER), request.index.tokens)
         request.root = accepted.bonus
-        t = time.perf_counter()
         aux = verified.aux[accepted.path] if verified.aux is not None else None
-        self.drafter.extend(aux, torch.tensor(accepted.tokens + [accepted.bonus]))
+        if not extend:
+            return aux, torch.tensor(accepted.tokens + [accepted.bonus])
+        t = time.perf_counter()
+        request.drafter.extend(aux, torch.tensor(accepted.tokens + [accepted.bonus]))
         request.carry_draft_s = time.perf_counter() - t
+        return None
 
-    def _draft(self, request: Request, room: int) -> DraftTree:
-        """Every proposer's guesses for this step, in one tree below the root, no deeper than `room`."""
-        if request.gate is not None:
-            request.gate.prices(self.row_price.row_ms, request.token_ms)
-        draft = DraftTree.rooted(request.root)
-        for proposer in request.proposers:
+    def draft(self, request: Request, room: int, proposers: slice = slice(None),
+              draft: DraftTree | None = None) -> DraftTree:
+        """Every proposer's guesses for this step (or those in `proposers`, added to `draft`), in one tree below the
+        root, no deeper than `room`."""
+        if draft is None:
+            draft = self.new_draft(request)
+        for proposer in request.proposers[proposers]:
             proposer.propose(draft, request, room)
         return draft
 
-    def _verify(self, draft: DraftTree) -> Verified:
+    def new_draft(self, request: Request) -> DraftTree:
+        """This step's empty tree below the request's root (the copy gate priced for it first)."""
+        if request.gate is not None:
+            request.gate.prices(self.row_price.row_ms, request.token_ms)
+        return DraftTree.rooted(request.root)
+
+    def _verify(self, request: Request, draft: DraftTree) -> Verified:
         """One target forward over root + tree; node i sits at position n + depth(i) and sees its ancestors."""
         tree = draft.tree()
-        hidden, aux = self.target.hidden_states(tree.tokens, tree.positions(self.cache.length), self.cache,
-                                                tree.mask, need_aux=self.drafter.needs_features,
+        hidden, aux = self.target.hidden_states(tree.tokens, tree.positions(request.cache.length), request.cache,
+                                                tree.mask, need_aux=request.drafter.needs_features,
                                                 aux_layers=self.aux_layers)
         return Verified(hidden, aux)
 
     def _fallback(self, request: Request) -> None:
         """The drafter keeps missing: decode `fallback_tokens` plainly (same target, same p: still lossless), then
         catch the drafter up on them in one batch."""
-        metrics, need_aux = request.metrics, self.drafter.needs_features
+        metrics, need_aux = request.metrics, request.drafter.needs_features
         metrics.fallbacks += 1
         feats, nexts = [], []
         for _ in range(request.config.fallback_tokens):
@@ -251,16 +280,20 @@ class Runner:
                 return
             request.root = nxt
         t = time.perf_counter()
-        self.drafter.extend(torch.cat(feats) if need_aux else None, torch.tensor(nexts))
+        request.drafter.extend(torch.cat(feats) if need_aux else None, torch.tensor(nexts))
         request.carry_draft_s = time.perf_counter() - t
         request.misses = 0
 
-    def _accept(self, request: Request, draft: DraftTree, verified: Verified) -> Accepted:
-        """Greedy: the longest path the target's argmax agrees with; at T > 0 (or with typical acceptance),
-        multi-branch rejection sampling."""
+    def accept(self, request: Request, draft: DraftTree, verified: Verified,
+               target_next: torch.Tensor | None = None) -> Accepted:
+        """Greedy: the longest path the target's argmax agrees with (`target_next`: the argmax after each node, when
+        the caller scored them already; -1 where not); at T > 0 (or with typical acceptance), multi-branch
+        rejection sampling."""
         tree, hidden, cfg = draft.tree(), verified.hidden, request.config
         if request.greedy_acceptance:
-            path, bonus = verify_greedy(tree, self._greedy_next(tree, hidden))
+            if target_next is None:
+                target_next = self._greedy_next(tree, hidden)
+            path, bonus = verify_greedy(tree, target_next)
             if bonus < 0:
                 bonus = int(self.target.greedy(hidden[path[-1:]])[0])
         else:

@@ -61,6 +61,11 @@ class Expansion:
         return vis, mask, cur
 
 
+def min_score_of(confidence_threshold: float) -> float | None:
+    """The cumulative log-prob below which a branch stops growing (None: no threshold)."""
+    return float(torch.log(torch.tensor(confidence_threshold))) if confidence_threshold > 0 else None
+
+
 class TreeDrafter:
     needs_features = True
     samples_chains = False  # has `draft_sampled_chain` (draft tokens drawn from its own q at T > 0)
@@ -83,14 +88,32 @@ class TreeDrafter:
     def draft_dynamic(self, root: int, beam_width: int, depth: int, total_tokens: int,
                       confidence_threshold: float = 0.0) -> Tree:
         """EAGLE-2 dynamic tree: expand the best `beam_width` nodes per level, keep the best `total_tokens`."""
-        min_score = float(torch.log(torch.tensor(confidence_threshold))) if confidence_threshold > 0 else None
-        cand = self.grow_candidates(beam_width, depth, min_score)
+        min_score = min_score_of(confidence_threshold)
+        return self.tree_of(root, self.grow_candidates(beam_width, depth, min_score), total_tokens, min_score)
+
+    def tree_of(self, root: int, cand: Candidates, total_tokens: int, min_score: float | None) -> Tree:
+        """The best `total_tokens` candidates as a tree below the root, each node's cumulative log-prob kept."""
         kept, tree_par = select_top_nodes(cand.scores, cand.parents, cand.depths, total_tokens, min_score)
         node_tokens = torch.cat([torch.tensor([root]), cand.tokens[kept]])
-        return tree_from_parents(node_tokens, torch.cat([torch.tensor([-1]), tree_par]))
+        tree = tree_from_parents(node_tokens, torch.cat([torch.tensor([-1]), tree_par]))
+        # Each node's cumulative draft log-prob (the root's 0): what a batched step sizes trees by.
+        tree.scores = [0.0] + [float(cand.scores[j]) for j in kept.tolist()]
+        return tree
 
     def grow_candidates(self, beam_width: int, depth: int, min_score: float | None = None) -> Candidates:
-        """Every candidate the beam expansion scores, in creation order (parents before children).
+        """Every candidate the beam expansion scores, in creation order (parents before children)."""
+        growth = self.growth(beam_width, depth, min_score)
+        try:
+            ask = next(growth)
+            while True:
+                ask = growth.send(self._expand(*ask))
+        except StopIteration as done:
+            return done.value
+
+    def growth(self, beam_width: int, depth: int, min_score: float | None = None):
+        """The beam expansion as a generator: it yields each level's expansion (the `_expand` arguments), is sent
+        the result, and returns the Candidates. So several drafters' trees can grow in lockstep, each level of all of
+        them in one forward (`runtime/batch_drafting.py`).
 
         The bookkeeping is on Python lists: a tree has tens of candidates, fewer than the torch calls it would take.
         Scores are cumulative log-probs of the drafter's top-k per node."""
@@ -113,7 +136,7 @@ class TreeDrafter:
                     sel = torch.tensor(ok)
                     frontier = [frontier[j] for j in ok]
                     f_tokens, f_carry, f_vis = f_tokens[sel], f_carry[sel], f_vis[sel]
-            logits, out, vis = self._expand(state, f_carry, f_tokens, d, f_vis)
+            logits, out, vis = yield state, f_carry, f_tokens, d, f_vis
             s, i = self._top_logp(logits, k)  # [F, k]
             width = s.shape[1]
             base = len(scores)

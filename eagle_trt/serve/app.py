@@ -103,7 +103,7 @@ async def _complete(session: Session, worker: EngineWorker, name: str, body, enc
     if body.model not in (None, name):
         raise ApiError(404, f"the model '{body.model}' does not exist; this server serves '{name}'", "model",
                        code="model_not_found")
-    ids, config = _prepare(session, body, encode)
+    ids, config = _prepare(session, worker, body, encode)
     job = worker.submit(ids, config, body.stops, asyncio.get_running_loop())
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     head = {"id": rid, "created": int(time.time()), "model": name}
@@ -128,8 +128,9 @@ async def _complete(session: Session, worker: EngineWorker, name: str, body, enc
             "usage": usage(done.prompt_tokens, done.completion_tokens), "eagle_trt": _extension(done)}
 
 
-def _prepare(session: Session, body, encode):
-    """The request's ids and decode settings, checked against the engine before anything is queued."""
+def _prepare(session: Session, worker: EngineWorker, body, encode):
+    """The request's ids and decode settings, checked against the engine (and the KV budget) before anything is
+    queued."""
     try:
         ids = encode()
         cfg = session.config
@@ -139,7 +140,7 @@ def _prepare(session: Session, body, encode):
                            "max_tokens")
         config = session.decode_config(max_new_tokens=limit, temperature=body.temperature, top_p=body.top_p,
                                        top_k=body.top_k, seed=body.seed, mode=body.mode)
-        session.runner.check_prompt(ids, config)
+        worker.check(ids, config)
     except EagleError as e:
         raise ApiError(400, str(e)) from None
     return ids, config

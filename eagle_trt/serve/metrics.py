@@ -27,6 +27,8 @@ class ServeMetrics:
                               buckets=LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("eagle_trt:e2e_request_latency_seconds", "Submission to the last token.",
                              buckets=LATENCY_BUCKETS, registry=r)
+        self.step_requests = Histogram("eagle_trt:iteration_requests", "Requests in one engine step (one shared "
+                                       "target forward).", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
 
     def finished(self, m, prompt_tokens: int, submitted: float, first_token: float | None) -> None:
         """Account one finished request (m: its GenerationMetrics)."""

@@ -37,6 +37,8 @@ class Tree:
         self.depths = torch.tensor([len(line) - 1 for line in lineage], dtype=torch.long)
         self._mask: torch.Tensor | None = None
         self._retrieve: torch.Tensor | None = None
+        # Cumulative draft log-prob per node (root 0), where the drafter scored its nodes (dynamic trees).
+        self.scores: list[float] | None = None
 
     @property
     def mask(self) -> torch.Tensor:

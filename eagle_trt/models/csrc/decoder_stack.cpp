@@ -9,10 +9,15 @@
 // Each layer: h = norm(x + pending MLP output); qkv = h @ Wqkv; q, k, v roped, k and v into the cache; attention;
 // h = norm(x += attention @ Wo); pending = silu(h @ Wgate) * (h @ Wup) @ Wdown. Layer i's output (x after its MLP
 // is added) is copied to the aux features when i is listed.
+//
+// Batched: the rows may be several requests' (each its own tree, positions, mask and KV cache). Norms and projections
+// run over every row at once, so one read of each weight serves the whole batch; RoPE, the cache write and attention
+// run part by part on each request's own cache.
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "kernels.h"
 #include "stack_common.h"
@@ -58,14 +63,37 @@ Scratch<T> carve(T* base, const Dims& s) {
 }
 
 template <typename T>
+int attend_parts(const Scratch<T>& w, const Part<T>* parts, int64_t n_parts, int64_t i, const void* qkv_bias,
+                 const T* cos, const T* sin, const Dims& s, float scale, int threads) {
+    constexpr int bf16 = sizeof(T) == 2;
+    const int64_t H = s.H, Hkv = s.Hkv, D = s.D, qkv_w = (H + 2 * Hkv) * D;
+    for (int64_t p = 0; p < n_parts; ++p) {
+        const Part<T>& pt = parts[p];
+        T* kc = pt.k + i * pt.layer_stride;
+        T* vc = pt.v + i * pt.layer_stride;
+        T* q = w.q + pt.row0 * H * D;  // this part's [H, rows, D] block
+        int rc = eagle_trt_rope_qkv(w.qkv + pt.row0 * qkv_w, qkv_bias, cos + pt.row0 * D, sin + pt.row0 * D, q, kc,
+                                    pt.head_stride, pt.row_stride, vc, pt.head_stride, pt.row_stride, pt.start,
+                                    pt.rows, H, Hkv, D, bf16, threads);
+        if (rc) return rc;
+        rc = eagle_trt_tree_attention(q, pt.rows * D, D, kc, pt.head_stride, pt.row_stride, vc, pt.head_stride,
+                                      pt.row_stride, pt.mask, w.att + pt.row0 * H * D, static_cast<int>(H),
+                                      static_cast<int>(Hkv), static_cast<int>(pt.rows),
+                                      static_cast<int>(pt.start + pt.rows), static_cast<int>(D), scale, bf16,
+                                      threads);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+template <typename T>
 int stack(T* x, const void* const* weights, int64_t L, const T* final_norm, T* h_out, const T* cos, const T* sin,
-          T* k_cache, T* v_cache, int64_t layer_stride, int64_t head_stride, int64_t row_stride, int64_t start,
-          const uint8_t* mask, const Dims& s, float eps, const int64_t* aux_layers, int64_t n_aux, T* aux_out,
-          T* scratch, Projection project, int threads) {
+          const Part<T>* parts, int64_t n_parts, const Dims& s, float eps, const int64_t* aux_layers, int64_t n_aux,
+          T* aux_out, T* scratch, Projection project, int threads) {
     constexpr int bf16 = sizeof(T) == 2;
     const Scratch<T> w = carve(scratch, s);
     const int64_t T_ = s.T, hidden = s.hidden, H = s.H, Hkv = s.Hkv, D = s.D, I = s.I;
-    const int64_t qkv_w = (H + 2 * Hkv) * D, S = start + T_;
+    const int64_t qkv_w = (H + 2 * Hkv) * D;
     const float scale = attention_scale(D);
     const T* pending = nullptr;
     int64_t next_aux = 0;
@@ -76,16 +104,7 @@ int stack(T* x, const void* const* weights, int64_t L, const T* final_norm, T* h
         if (next_aux < n_aux && aux_layers[next_aux] == i - 1)  // x is now layer i-1's output
             copy_feature(x, T_, hidden, n_aux, next_aux++, aux_out);
         if ((rc = project(w.h, lw[kQkv], w.qkv, T_, hidden, qkv_w, threads))) return rc;
-        T* kc = k_cache + i * layer_stride;
-        T* vc = v_cache + i * layer_stride;
-        if ((rc = eagle_trt_rope_qkv(w.qkv, lw[kQkvBias], cos, sin, w.q, kc, head_stride, row_stride, vc, head_stride,
-                                     row_stride, start, T_, H, Hkv, D, bf16, threads)))
-            return rc;
-        if ((rc = eagle_trt_tree_attention(w.q, T_ * D, D, kc, head_stride, row_stride, vc, head_stride, row_stride,
-                                           mask, w.att, static_cast<int>(H), static_cast<int>(Hkv),
-                                           static_cast<int>(T_), static_cast<int>(S), static_cast<int>(D), scale, bf16,
-                                           threads)))
-            return rc;
+        if ((rc = attend_parts(w, parts, n_parts, i, lw[kQkvBias], cos, sin, s, scale, threads))) return rc;
         if ((rc = project(w.att, lw[kO], w.o, T_, H * D, hidden, threads))) return rc;
         if ((rc = eagle_trt_add_rms_norm(x, w.o, lw[kPostNorm], w.h, T_, hidden, eps, bf16, threads))) return rc;
         if ((rc = project(w.h, lw[kGateUp], w.gu, T_, hidden, 2 * I, threads))) return rc;
@@ -98,6 +117,19 @@ int stack(T* x, const void* const* weights, int64_t L, const T* final_norm, T* h
     return next_aux == n_aux ? 0 : -2;  // an aux id out of range or out of order
 }
 
+
+template <typename T>
+int run_stack(void* x, const void* const* weights, int64_t L, const void* final_norm, void* h_out, const void* cos,
+              const void* sin, int64_t n_parts, const int64_t* table, void* const* caches,
+              const uint8_t* const* masks, const Dims& s, float eps, const int64_t* aux_layers, int64_t n_aux,
+              void* aux_out, void* scratch, Projection project, int threads) {
+    std::vector<Part<T>> parts(static_cast<size_t>(n_parts));
+    if (read_parts(table, 5, caches, masks, n_parts, s.T, parts.data())) return -2;
+    return stack(static_cast<T*>(x), weights, L, static_cast<const T*>(final_norm), static_cast<T*>(h_out),
+                 static_cast<const T*>(cos), static_cast<const T*>(sin), parts.data(), n_parts, s, eps, aux_layers,
+                 n_aux, static_cast<T*>(aux_out), static_cast<T*>(scratch), project, threads);
+}
+
 }  // namespace
 
 extern "C" {
@@ -107,34 +139,30 @@ int64_t eagle_trt_stack_scratch(int64_t T, int64_t hidden, int64_t H, int64_t Hk
     return T * (3 * hidden + (H + 2 * Hkv) * D + 2 * H * D + 3 * I);
 }
 
-// x: [T, hidden], the embedded tokens, updated in place to the last layer's output. weights: [L][kSlots] pointers
-// (input norm, packed qkv, qkv bias or null, packed o, post norm, packed gate_up, packed down). cos, sin: [T, D].
-// k_cache, v_cache: the [L, Hkv, capacity, D] caches (strides in elements). mask: [T, start + T] bytes or null (one
-// row). aux_layers: n_aux ascending layer ids; aux_out: [T, n_aux * hidden] or null. h_out: [T, hidden], the final
-// norm of the output. Every tensor fp32, or every one bf16 (bf16 = 1); amx = 1: the projections are packed for the
-// AMX kernel (bf16 only), else for eagle_trt_gemm. Returns 0, or the first failing kernel's code.
+// x: [T, hidden], the embedded tokens of every part, updated in place to the last layer's output. weights: [L][kSlots]
+// pointers (input norm, packed qkv, qkv bias or null, packed o, post norm, packed gate_up, packed down). cos, sin:
+// [T, D]. The rows are n_parts consecutive parts (one per request in a batched pass), each with its own KV cache and
+// mask: parts [n_parts][5] = rows, start, and the caches' layer, head and row strides in elements; caches
+// [n_parts][2] = the part's [L, Hkv, capacity, D] K and V caches; masks [n_parts] = [rows, start + rows] bytes, or
+// null for one causal row. A part's rows are computed from its own tokens and cache alone, whatever else is in the
+// pass: the projections keep every row a function of that row. aux_layers: n_aux ascending layer ids; aux_out:
+// [T, n_aux * hidden] or null. h_out: [T, hidden], the final norm of the output. Every tensor fp32, or every one
+// bf16 (bf16 = 1); amx = 1: the projections are packed for the AMX kernel (bf16 only), else for eagle_trt_gemm.
+// Returns 0, or the first failing kernel's code (-2 also when the parts' rows do not add up to T).
 int eagle_trt_decoder_stack(void* x, const void* const* weights, int64_t L, const void* final_norm, void* h_out,
-                            const void* cos, const void* sin, void* k_cache, void* v_cache, int64_t layer_stride,
-                            int64_t head_stride, int64_t row_stride, int64_t start, const uint8_t* mask, int64_t T,
-                            int64_t hidden, int64_t H, int64_t Hkv, int64_t D, int64_t I, float eps,
-                            const int64_t* aux_layers, int64_t n_aux, void* aux_out, void* scratch, int bf16, int amx,
-                            int threads) {
-    if (T <= 0 || L <= 0 || D <= 0) return -2;
+                            const void* cos, const void* sin, int64_t n_parts, const int64_t* parts,
+                            void* const* caches, const uint8_t* const* masks, int64_t T, int64_t hidden, int64_t H,
+                            int64_t Hkv, int64_t D, int64_t I, float eps, const int64_t* aux_layers, int64_t n_aux,
+                            void* aux_out, void* scratch, int bf16, int amx, int threads) {
+    if (T <= 0 || L <= 0 || D <= 0 || n_parts <= 0) return -2;
     const Projection project = projection(bf16, amx);
     if (!project) return -2;
     const Dims s{T, hidden, H, Hkv, D, I};
     if (bf16)
-        return stack(static_cast<uint16_t*>(x), weights, L, static_cast<const uint16_t*>(final_norm),
-                     static_cast<uint16_t*>(h_out), static_cast<const uint16_t*>(cos),
-                     static_cast<const uint16_t*>(sin), static_cast<uint16_t*>(k_cache),
-                     static_cast<uint16_t*>(v_cache), layer_stride, head_stride, row_stride, start, mask, s, eps,
-                     aux_layers, n_aux, static_cast<uint16_t*>(aux_out), static_cast<uint16_t*>(scratch), project,
-                     threads);
-    return stack(static_cast<float*>(x), weights, L, static_cast<const float*>(final_norm),
-                 static_cast<float*>(h_out), static_cast<const float*>(cos), static_cast<const float*>(sin),
-                 static_cast<float*>(k_cache), static_cast<float*>(v_cache), layer_stride, head_stride, row_stride,
-                 start, mask, s, eps, aux_layers, n_aux, static_cast<float*>(aux_out), static_cast<float*>(scratch),
-                 project, threads);
+        return run_stack<uint16_t>(x, weights, L, final_norm, h_out, cos, sin, n_parts, parts, caches, masks, s, eps,
+                                   aux_layers, n_aux, aux_out, scratch, project, threads);
+    return run_stack<float>(x, weights, L, final_norm, h_out, cos, sin, n_parts, parts, caches, masks, s, eps,
+                            aux_layers, n_aux, aux_out, scratch, project, threads);
 }
 
 }  // extern "C"

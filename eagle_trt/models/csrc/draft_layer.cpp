@@ -9,12 +9,14 @@
 // hidden [T, H] is the fused feature (or the head's own output one step before); e [T, H] the input tokens'
 // embeddings. x = [norm(e) ; norm(hidden')] with hidden' = norm(hidden) when the head norms its hidden input twice
 // (modelopt's layout); out = hidden + attention, then out += MLP; logits = LM head(norm(out)) for the last row or
-// all rows.
+// all rows. Batched: the rows may be several requests' (each its own tree and head cache): norms and projections
+// run over every row at once, RoPE, the cache write and attention part by part.
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "kernels.h"
 #include "simd.h"
@@ -74,16 +76,37 @@ void top_logp(const T* row, int64_t V, int k, float* vals, int64_t* idx) {
 }
 
 template <typename T>
-int layer(const void* const* w, const T* hidden, const T* e, int prenorm, const T* cos, const T* sin, T* k_cache,
-          T* v_cache, int64_t head_stride, int64_t row_stride, int64_t start, const uint8_t* mask, int64_t T_,
-          int64_t n, int64_t H, int64_t Hkv, int64_t D, int64_t I, int64_t vocab, float eps, int last_only, T* out,
-          T* logits, T* scratch, Projection project, int threads) {
+int attend_parts(const T* qkv, const T* cos, const T* sin, T* q, T* att, const Part<T>* parts, int64_t n_parts,
+                 int64_t H, int64_t Hkv, int64_t D, int threads) {
+    constexpr int bf16 = sizeof(T) == 2;
+    const int64_t qkv_w = (H + 2 * Hkv) * D;
+    for (int64_t p = 0; p < n_parts; ++p) {
+        const Part<T>& pt = parts[p];
+        T* qp = q + pt.row0 * H * D;  // this part's [H, rows, D] block
+        int rc = eagle_trt_rope_qkv(qkv + pt.row0 * qkv_w, nullptr, cos + pt.row0 * D, sin + pt.row0 * D, qp, pt.k,
+                                    pt.head_stride, pt.row_stride, pt.v, pt.head_stride, pt.row_stride, pt.start,
+                                    pt.rows, H, Hkv, D, bf16, threads);
+        if (rc) return rc;
+        rc = eagle_trt_tree_attention(qp, pt.rows * D, D, pt.k, pt.head_stride, pt.row_stride, pt.v, pt.head_stride,
+                                      pt.row_stride, pt.mask, att + pt.row0 * H * D, static_cast<int>(H),
+                                      static_cast<int>(Hkv), static_cast<int>(pt.rows),
+                                      static_cast<int>(pt.start + pt.rows), static_cast<int>(D), attention_scale(D),
+                                      bf16, threads);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+template <typename T>
+int layer(const void* const* w, const T* hidden, const T* e, int prenorm, const T* cos, const T* sin,
+          const Part<T>* parts, int64_t n_parts, int64_t T_, int64_t n, int64_t H, int64_t Hkv, int64_t D, int64_t I,
+          int64_t vocab, float eps, int last_only, T* out, T* logits, T* scratch, Projection project, int threads) {
     constexpr int bf16 = sizeof(T) == 2;
     const int64_t qkv_w = (H + 2 * Hkv) * D;
     T* x = scratch;             // [T, 2n]: norm(e) ; norm(hidden')
     T* pre = x + T_ * 2 * n;    // [T, n]: hidden' (hidden normed once more)
     T* qkv = pre + T_ * n;      // [T, qkv_w]
-    T* q = qkv + T_ * qkv_w;    // [H, T, D]
+    T* q = qkv + T_ * qkv_w;    // [H, rows, D] per part
     T* att = q + T_ * H * D;    // [T, H * D]
     T* o = att + T_ * H * D;    // [T, n]
     T* h = o + T_ * n;          // [T, n]
@@ -105,14 +128,7 @@ int layer(const void* const* w, const T* hidden, const T* e, int prenorm, const 
             return rc;
     }
     if ((rc = project(x, w[kQkv], qkv, T_, 2 * n, qkv_w, threads))) return rc;
-    if ((rc = eagle_trt_rope_qkv(qkv, nullptr, cos, sin, q, k_cache, head_stride, row_stride, v_cache, head_stride,
-                                 row_stride, start, T_, H, Hkv, D, bf16, threads)))
-        return rc;
-    if ((rc = eagle_trt_tree_attention(q, T_ * D, D, k_cache, head_stride, row_stride, v_cache, head_stride,
-                                       row_stride, mask, att, static_cast<int>(H), static_cast<int>(Hkv),
-                                       static_cast<int>(T_), static_cast<int>(start + T_), static_cast<int>(D),
-                                       attention_scale(D), bf16, threads)))
-        return rc;
+    if ((rc = attend_parts(qkv, cos, sin, q, att, parts, n_parts, H, Hkv, D, threads))) return rc;
     if ((rc = project(att, w[kO], o, T_, H * D, n, threads))) return rc;
     std::memcpy(out, hidden, sizeof(T) * T_ * n);
     if ((rc = eagle_trt_add_rms_norm(out, o, w[kPostNorm], h, T_, n, eps, bf16, threads))) return rc;
@@ -120,9 +136,13 @@ int layer(const void* const* w, const T* hidden, const T* e, int prenorm, const 
     if ((rc = eagle_trt_silu_mul(gu, a, T_, I, bf16, threads))) return rc;
     if ((rc = project(a, w[kDown], d, T_, I, n, threads))) return rc;
     if ((rc = eagle_trt_add_rms_norm(out, d, w[kNorm], h, T_, n, eps, bf16, threads))) return rc;
-    const int64_t rows = last_only ? 1 : T_;
-    return project(h + (T_ - rows) * n, w[kLmHead], logits, rows, n, vocab, threads);
+    if (!last_only) return project(h, w[kLmHead], logits, T_, n, vocab, threads);
+    // Each part's last row, gathered (o is free now) so one pass over the LM head scores all of them.
+    for (int64_t p = 0; p < n_parts; ++p)
+        std::memcpy(o + p * n, h + (parts[p].row0 + parts[p].rows - 1) * n, sizeof(T) * n);
+    return project(o, w[kLmHead], logits, n_parts, n, vocab, threads);
 }
+
 
 }  // namespace
 
@@ -134,29 +154,34 @@ int64_t eagle_trt_draft_scratch(int64_t T, int64_t hidden, int64_t H, int64_t Hk
 }
 
 // w: kSlots pointers (norms, then projections packed for the chosen kernel: AMX tiles with amx = 1, else
-// eagle_trt_gemm). hidden, e: [T, hidden]; out: [T, hidden], the layer's pre-norm output; logits: [T or 1, vocab].
-// k_cache, v_cache: the head's [Hkv, capacity, D] cache, written at rows start..start+T-1; mask [T, start + T] bytes
-// or null. Every tensor fp32, or every one bf16 (bf16 = 1). Returns 0, or the first failing kernel's code.
+// eagle_trt_gemm). hidden, e: [T, hidden], the rows of n_parts requests in order; out: [T, hidden], the layer's
+// pre-norm output; logits: [T, vocab], or with last_only [n_parts, vocab] for each part's last row. parts
+// [n_parts][4] = rows, start, and the cache's head and row strides in elements; caches [n_parts][2] = the part's head
+// K and V caches ([Hkv, capacity, D]), written at rows start..start+rows-1; masks [n_parts] = [rows, start + rows]
+// bytes or null. Every tensor fp32, or every one bf16 (bf16 = 1). Returns 0, or the first failing kernel's code
+// (-2 also when the parts' rows do not add up to T).
 int eagle_trt_draft_layer(const void* const* w, const void* hidden, const void* e, int prenorm, const void* cos,
-                          const void* sin, void* k_cache, void* v_cache, int64_t head_stride, int64_t row_stride,
-                          int64_t start, const uint8_t* mask, int64_t T, int64_t n, int64_t H, int64_t Hkv, int64_t D,
+                          const void* sin, int64_t n_parts, const int64_t* parts, void* const* caches,
+                          const uint8_t* const* masks, int64_t T, int64_t n, int64_t H, int64_t Hkv, int64_t D,
                           int64_t I, int64_t vocab, float eps, int last_only, void* out, void* logits, void* scratch,
                           int bf16, int amx, int threads) {
-    if (T <= 0 || n <= 0 || D <= 0) return -2;
+    if (T <= 0 || n <= 0 || D <= 0 || n_parts <= 0) return -2;
     const Projection project = projection(bf16, amx);
     if (!project) return -2;
     if (bf16) {
         using B = uint16_t;
+        std::vector<Part<B>> ps(static_cast<size_t>(n_parts));
+        if (read_parts(parts, 4, caches, masks, n_parts, T, ps.data())) return -2;
         return layer(w, static_cast<const B*>(hidden), static_cast<const B*>(e), prenorm, static_cast<const B*>(cos),
-                     static_cast<const B*>(sin), static_cast<B*>(k_cache), static_cast<B*>(v_cache), head_stride,
-                     row_stride, start, mask, T, n, H, Hkv, D, I, vocab, eps, last_only, static_cast<B*>(out),
-                     static_cast<B*>(logits), static_cast<B*>(scratch), project, threads);
+                     static_cast<const B*>(sin), ps.data(), n_parts, T, n, H, Hkv, D, I, vocab, eps, last_only,
+                     static_cast<B*>(out), static_cast<B*>(logits), static_cast<B*>(scratch), project, threads);
     }
+    std::vector<Part<float>> ps(static_cast<size_t>(n_parts));
+    if (read_parts(parts, 4, caches, masks, n_parts, T, ps.data())) return -2;
     return layer(w, static_cast<const float*>(hidden), static_cast<const float*>(e), prenorm,
-                 static_cast<const float*>(cos), static_cast<const float*>(sin), static_cast<float*>(k_cache),
-                 static_cast<float*>(v_cache), head_stride, row_stride, start, mask, T, n, H, Hkv, D, I, vocab, eps,
-                 last_only, static_cast<float*>(out), static_cast<float*>(logits), static_cast<float*>(scratch),
-                 project, threads);
+                 static_cast<const float*>(cos), static_cast<const float*>(sin), ps.data(), n_parts, T, n, H, Hkv, D,
+                 I, vocab, eps, last_only, static_cast<float*>(out), static_cast<float*>(logits),
+                 static_cast<float*>(scratch), project, threads);
 }
 
 // For each of `rows` rows of logits [rows, V] (fp32, or bf16 with bf16 = 1): its k largest log-softmax values,

@@ -44,20 +44,19 @@ int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const vo
                              const void* v, int64_t v_sh, int64_t v_sr, const uint8_t* mask, void* out, int H,
                              int Hkv, int T, int S, int D, float scale, int bf16, int threads);
 
-// The target's decoder stack in one call (decoder_stack.cpp).
+// The target's decoder stack in one call, over one or several requests' rows (decoder_stack.cpp).
 int64_t eagle_trt_stack_scratch(int64_t T, int64_t hidden, int64_t H, int64_t Hkv, int64_t D, int64_t I);
 int eagle_trt_decoder_stack(void* x, const void* const* weights, int64_t L, const void* final_norm, void* h_out,
-                            const void* cos, const void* sin, void* k_cache, void* v_cache, int64_t layer_stride,
-                            int64_t head_stride, int64_t row_stride, int64_t start, const uint8_t* mask, int64_t T,
-                            int64_t hidden, int64_t H, int64_t Hkv, int64_t D, int64_t I, float eps,
-                            const int64_t* aux_layers, int64_t n_aux, void* aux_out, void* scratch, int bf16, int amx,
-                            int threads);
+                            const void* cos, const void* sin, int64_t n_parts, const int64_t* parts,
+                            void* const* caches, const uint8_t* const* masks, int64_t T, int64_t hidden, int64_t H,
+                            int64_t Hkv, int64_t D, int64_t I, float eps, const int64_t* aux_layers, int64_t n_aux,
+                            void* aux_out, void* scratch, int bf16, int amx, int threads);
 
 // The draft head's forward in one call, and drafting's top-k log-probs (draft_layer.cpp).
 int64_t eagle_trt_draft_scratch(int64_t T, int64_t hidden, int64_t H, int64_t Hkv, int64_t D, int64_t I);
 int eagle_trt_draft_layer(const void* const* w, const void* hidden, const void* e, int prenorm, const void* cos,
-                          const void* sin, void* k_cache, void* v_cache, int64_t head_stride, int64_t row_stride,
-                          int64_t start, const uint8_t* mask, int64_t T, int64_t n, int64_t H, int64_t Hkv, int64_t D,
+                          const void* sin, int64_t n_parts, const int64_t* parts, void* const* caches,
+                          const uint8_t* const* masks, int64_t T, int64_t n, int64_t H, int64_t Hkv, int64_t D,
                           int64_t I, int64_t vocab, float eps, int last_only, void* out, void* logits, void* scratch,
                           int bf16, int amx, int threads);
 int eagle_trt_top_logp(const void* logits, int64_t rows, int64_t V, int k, float* vals, int64_t* idx, int bf16);

@@ -1,5 +1,5 @@
 // What the two one-call forwards (decoder_stack.cpp, draft_layer.cpp) share: the projection kernel an engine chose,
-// as one function pointer, and the attention scale.
+// as one function pointer, a batched pass's parts, and the attention scale.
 #pragma once
 
 #include <cmath>
@@ -30,6 +30,34 @@ inline int project_amx(const void* x, const void* w, void* out, int64_t M, int64
 inline Projection projection(int bf16, int amx) {
     if (amx) return bf16 ? project_amx : nullptr;
     return bf16 ? project_bf16 : project_f32;
+}
+
+// One request's rows in a batched forward: `rows` consecutive rows after the previous part's, attending to the
+// request's own KV cache (k, v: one layer's [Hkv, capacity, D] at layer_stride apart, with these head and row strides)
+// from slot `start` on, through its own mask ([rows, start + rows] bytes, or null for one row).
+template <typename T>
+struct Part {
+    int64_t row0, rows, start, layer_stride, head_stride, row_stride;
+    T *k, *v;
+    const uint8_t* mask;
+};
+
+// The callers' part table -> Parts: `width` int64s a part (rows, start, then the caches' strides: layer, head and row
+// with width 5; head and row with width 4, one layer), its K and V cache pointers, its mask. -2 unless the parts'
+// rows tile [0, total) exactly.
+template <typename T>
+int read_parts(const int64_t* table, int width, void* const* caches, const uint8_t* const* masks, int64_t n_parts,
+               int64_t total, Part<T>* out) {
+    int64_t row = 0;
+    for (int64_t p = 0; p < n_parts; ++p) {
+        const int64_t* r = table + p * width;
+        if (r[0] <= 0 || r[1] < 0) return -2;
+        const int64_t layer = width == 5 ? r[2] : 0;
+        out[p] = Part<T>{row, r[0], r[1], layer, r[width - 2], r[width - 1], static_cast<T*>(caches[2 * p]),
+                         static_cast<T*>(caches[2 * p + 1]), masks[p]};
+        row += r[0];
+    }
+    return row == total ? 0 : -2;
 }
 
 // 1 / sqrt(head_dim), as native/attention.py passes it.

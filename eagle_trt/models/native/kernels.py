@@ -3,8 +3,8 @@ draft-head forward, every row a function of that row alone, for fp32 and bf16 en
 
     kernels = NativeKernels(native.library(), torch.bfloat16, amx=True)
     proj = kernels.projection(w)                   # packed once for the chosen kernel
-    h, aux = kernels.decoder_stack(kernels.target_weights(layers, norm), spec=spec, x=x, cos=cos, sin=sin, cache=cache,
-                                   start=start, mask=mask, aux_layers=[1])
+    h, aux = kernels.decoder_stack(kernels.target_weights(layers, norm), spec=spec, x=x, cos=cos, sin=sin,
+                                   parts=[Part(cache, start, rows, mask)], aux_layers=[1])
 
 A KV cache the kernels cannot write themselves (stored in another dtype than the engine's, such as fp8, or one that
 watches its writes) makes that forward run the torch reference loop with these projections and this attention.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from eagle_trt.models import reference
-from eagle_trt.models.kernel_api import HeadStack, Kernels, TargetStack
+from eagle_trt.models.kernel_api import HeadStack, Kernels, Part, TargetStack
 from eagle_trt.models.kv_cache import KVCache
 from eagle_trt.models.native import gemm, ops, stack
 
@@ -70,12 +70,12 @@ class NativeKernels:
     def target_weights(self, layers, norm) -> TargetStack:
         return TargetStack(layers, norm, stack.StackWeights(layers, norm))
 
-    def decoder_stack(self, weights: TargetStack, *, spec, x, cos, sin, cache, start, mask, aux_layers):
-        if not _native_cache(cache, self.dtype):
-            return reference.target_layers(weights.layers, weights.norm, spec, x, cos, sin, cache, start, mask,
-                                           aux_layers, self.attend)
+    def decoder_stack(self, weights: TargetStack, *, spec, x, cos, sin, parts, aux_layers):
+        if not all(_native_cache(p.cache, self.dtype) for p in parts):
+            return reference.target_layers(weights.layers, weights.norm, spec, x, cos, sin, parts, aux_layers,
+                                           self.attend)
         return stack.decoder_stack(self.lib, weights.table, spec=spec, x=x.contiguous(), cos=cos, sin=sin,
-                                   k_cache=cache.k, v_cache=cache.v, start=start, mask=mask, aux_layers=aux_layers)
+                                   parts=parts, aux_layers=aux_layers)
 
     # ---- the draft head -------------------------------------------------------------------------------------
     def draft_weights(self, head) -> HeadStack:
@@ -84,13 +84,12 @@ class NativeKernels:
         except ValueError:  # a head whose LM head (the target's) is packed for another kernel: its layer loop
             return HeadStack(head)
 
-    def draft_layer(self, weights: HeadStack, *, spec, hidden, e, prenorm, cos, sin, cache, start, mask, last_only):
-        if weights.table is None or not _native_cache(cache, self.dtype):
-            return reference.draft_layer(weights.head, spec, hidden, e, prenorm, cos, sin, cache, start, mask,
-                                         last_only, self.attend)
+    def draft_layer(self, weights: HeadStack, *, spec, hidden, e, prenorm, cos, sin, parts, last_only):
+        if weights.table is None or not all(_native_cache(p.cache, self.dtype) for p in parts):
+            return reference.draft_layer(weights.head, spec, hidden, e, prenorm, cos, sin, parts, last_only,
+                                         self.attend)
         return stack.draft_layer(self.lib, weights.table, spec=spec, hidden=hidden, e=e, prenorm=prenorm, cos=cos,
-                                 sin=sin, k_cache=cache.k[0], v_cache=cache.v[0], start=start, mask=mask,
-                                 last_only=last_only)
+                                 sin=sin, parts=parts, last_only=last_only)
 
     # ---- reading logits -------------------------------------------------------------------------------------
     def greedy(self, lm_head, hidden: torch.Tensor) -> torch.Tensor:

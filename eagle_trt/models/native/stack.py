@@ -6,8 +6,8 @@ and its checks. These run the same kernels in C++, for fp32 or bf16 activations 
 packed weights say which), and every kernel keeps each row a function of that row alone.
 
     table = StackWeights(layers, final_norm)
-    h, aux = decoder_stack(lib, table, spec=spec, x=x, cos=cos, sin=sin, k_cache=cache.k, v_cache=cache.v,
-                           start=start, mask=mask, aux_layers=aux_layers)
+    h, aux = decoder_stack(lib, table, spec=spec, x=x, cos=cos, sin=sin, parts=[Part(cache, start, rows, mask)],
+                           aux_layers=aux_layers)
 """
 
 from __future__ import annotations
@@ -76,31 +76,29 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, dtype, need: int,
 
 
 def decoder_stack(lib, weights: StackWeights, *, spec, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, mask: torch.Tensor | None,
-                  aux_layers: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x [T, hidden] (updated in place to the last layer's output), cos/sin [T, D], caches [L, Hkv, capacity, D],
-    mask [T, start + T] bool or None -> (final-normed hidden [T, hidden], the aux layers' outputs
+                  parts, aux_layers: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x [T, hidden] (updated in place to the last layer's output), cos/sin [T, D]; parts (`kernel_api.Part`): the
+    rows' requests in order, each with its KVCache ([L, Hkv, capacity, D] K and V), start and mask ([rows,
+    start + rows] bool or None) -> (final-normed hidden [T, hidden], the aux layers' outputs
     [T, len(aux_layers) * hidden] or None). Every tensor in the weights' dtype."""
     dtype = weights.dtype
     t, hidden = x.shape
     if x.dtype is not dtype or not x.is_contiguous():
         raise TypeError(f"the decoder stack takes a contiguous {dtype} input, got {x.dtype}")
-    _check_cache(k_cache, v_cache, dtype, start + t, "decoder stack")
+    part_table, cache_ptrs, mask_ptrs, keep = _part_table(parts, dtype, t, "decoder stack", layered=True)
     cos, sin = cos.contiguous(), sin.contiguous()
-    m = ops.byte_mask(mask, t, start + t)
     ids = weights.aux_ids(aux_layers)
     aux = torch.empty(t, ids.numel() * hidden, dtype=dtype) if ids.numel() else None
     h = torch.empty(t, hidden, dtype=dtype)
     dims = (t, hidden, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.intermediate_size)
     work = scratch(lib.stack_scratch(*dims), dtype)
     rc = lib.decoder_stack(x.data_ptr(), weights.table, weights.num_layers, weights.final_norm.data_ptr(),
-                           h.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                           k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), start,
-                           m.data_ptr() if m is not None else None, *dims, spec.rms_norm_eps, ids.data_ptr(),
-                           ids.numel(), aux.data_ptr() if aux is not None else None, work.data_ptr(),
-                           ops.is_bf16(x), int(weights.amx), torch.get_num_threads())
+                           h.data_ptr(), cos.data_ptr(), sin.data_ptr(), len(parts), part_table.data_ptr(), cache_ptrs,
+                           mask_ptrs, *dims, spec.rms_norm_eps, ids.data_ptr(), ids.numel(),
+                           aux.data_ptr() if aux is not None else None, work.data_ptr(), ops.is_bf16(x),
+                           int(weights.amx), torch.get_num_threads())
     if rc != 0:
-        raise RuntimeError(f"native decoder stack failed (code {rc}) for {t} rows after {start} cached")
+        raise RuntimeError(f"native decoder stack failed (code {rc}) for {t} rows in {len(parts)} parts")
     return h, aux
 
 
@@ -118,27 +116,45 @@ class DraftWeights:
 
 
 def draft_layer(lib, weights: DraftWeights, *, spec, hidden: torch.Tensor, e: torch.Tensor, prenorm: bool,
-                cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
-                mask: torch.Tensor | None, last_only: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """hidden, e [T, H]; cos/sin [T, D]; caches [Hkv, capacity, D] views; mask [T, start + T] bool or None ->
-    (draft logits [T or 1, vocab], the layer's pre-norm output [T, H]). Every tensor in the weights' dtype."""
+                cos: torch.Tensor, sin: torch.Tensor, parts, last_only: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden, e [T, H]; cos/sin [T, D]; parts (`kernel_api.Part`): the rows' requests in order, each with its head
+    KVCache ([1, Hkv, capacity, D]), start and mask ([rows, start + rows] bool or None) -> (draft logits [T, vocab],
+    or [len(parts), vocab] for each part's last row with last_only; the layer's pre-norm output [T, H]). Every
+    tensor in the weights' dtype."""
     dtype = weights.dtype
     t, n = hidden.shape
     hidden, e, cos, sin = hidden.contiguous(), e.contiguous(), cos.contiguous(), sin.contiguous()
     for name, x in (("hidden", hidden), ("embeddings", e), ("cos", cos), ("sin", sin)):
         if x.dtype is not dtype:
             raise TypeError(f"the draft layer takes {dtype} {name}, got {x.dtype}")
-    _check_cache(k_cache, v_cache, dtype, start + t, "draft layer")
-    m = ops.byte_mask(mask, t, start + t)
+    table, caches, masks, keep = _part_table(parts, dtype, t, "draft layer", layered=False)
     out = torch.empty(t, n, dtype=dtype)
-    logits = torch.empty(1 if last_only else t, weights.vocab, dtype=dtype)
+    logits = torch.empty(len(parts) if last_only else t, weights.vocab, dtype=dtype)
     dims = (t, n, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.intermediate_size)
     work = scratch(lib.draft_scratch(*dims), dtype)
     rc = lib.draft_layer(weights.table, hidden.data_ptr(), e.data_ptr(), int(prenorm), cos.data_ptr(),
-                         sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
-                         start, m.data_ptr() if m is not None else None, *dims, weights.vocab, spec.rms_norm_eps,
-                         int(last_only), out.data_ptr(), logits.data_ptr(), work.data_ptr(), ops.is_bf16(hidden),
-                         int(weights.amx), torch.get_num_threads())
+                         sin.data_ptr(), len(parts), table.data_ptr(), caches, masks, *dims, weights.vocab,
+                         spec.rms_norm_eps, int(last_only), out.data_ptr(), logits.data_ptr(), work.data_ptr(),
+                         ops.is_bf16(hidden), int(weights.amx), torch.get_num_threads())
     if rc != 0:
-        raise RuntimeError(f"native draft layer failed (code {rc}) for {t} rows after {start} cached")
+        raise RuntimeError(f"native draft layer failed (code {rc}) for {t} rows in {len(parts)} parts")
     return logits, out
+
+
+def _part_table(parts, dtype, rows: int, what: str, layered: bool):
+    """The parts as the compiled forwards read them: an int64 table (rows, start, then the cache's strides: layer,
+    head and row for the target's [L, Hkv, capacity, D] caches, head and row for a head's), the caches' K and V
+    pointers and the byte masks (kept alive by the returned list)."""
+    if sum(p.rows for p in parts) != rows:
+        raise ValueError(f"the parts hold {sum(p.rows for p in parts)} rows, the input {rows}")
+    table, caches, masks, keep = [], [], [], []
+    for p in parts:
+        k, v = (p.cache.k, p.cache.v) if layered else (p.cache.k[0], p.cache.v[0])
+        _check_cache(k, v, dtype, p.start + p.rows, what)
+        m = ops.byte_mask(p.mask, p.rows, p.start + p.rows)
+        keep.append(m)
+        table += [p.rows, p.start, *(k.stride()[:-1])]
+        caches += [k.data_ptr(), v.data_ptr()]
+        masks.append(m.data_ptr() if m is not None else None)
+    return (torch.tensor(table, dtype=torch.int64), (ctypes.c_void_p * len(caches))(*caches),
+            (ctypes.c_void_p * len(masks))(*masks), keep)

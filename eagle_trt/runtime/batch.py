@@ -1,0 +1,391 @@
+"""Continuous batching: every active request's rows share each target forward.
+
+    batch = BatchRunner(runner, max_batch=8, cost=CostCurve(forward_ms))
+    slot = batch.admit(prompt_ids, config, on_tokens)   # None while the batch or the KV budget is full
+    while batch.active:
+        for slot in batch.step(): slot.request.output, slot.request.metrics   # requests that ended this step
+
+One step (`step`), for B requests:
+
+    plan     each request's work: a chunk of its prompt (prefill), one plain row, or a draft tree
+             (`speculative/batch_sizing.py`: whether the batch drafts at its width, measured segment by segment,
+             then how much of each tree to verify)
+    draft    the drafting requests' EAGLE-3 trees grown together, each level in one head forward over all of them
+             (`runtime/batch_drafting.py`), each on its own head cache; then each request's copies
+    forward  ONE target forward over every request's rows (`LlamaTarget.batched_hidden_states`), each request
+             against its own KV cache with its own positions and mask; the greedy rows of all of them through the
+             LM head in one more call
+    resolve  each request accepts and commits on its own (the runner's `accept` and `commit_step`, as when it
+             decodes alone); the drafters then read their accepted paths in one more shared head forward
+
+Lossless whatever shares the pass: the kernels keep every row a function of that row (tests/test_native_stack.py
+checks a request's rows bit for bit batched against alone), so each greedy answer is the target's own argmax chain,
+`run --mode ar`'s tokens. A sampling request always drafts its own configured tree and draws from its own generator,
+so a seeded answer does not depend on the batch either.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from eagle_trt.config.decode import DecodeConfig
+from eagle_trt.models.llama import Rows
+from eagle_trt.runtime.batch_drafting import batchable, extend_together, grow_together
+from eagle_trt.runtime.batch_slot import Slot, Work, kv_scales
+from eagle_trt.runtime.metrics import StepRecord
+from eagle_trt.runtime.proposers import DRAFTER
+from eagle_trt.runtime.request import Request
+from eagle_trt.runtime.runner import Runner, Verified
+from eagle_trt.runtime.tree_drafter import min_score_of
+from eagle_trt.speculative.batch_sizing import CostCurve, ModeChooser, path_probs, tree_sizes, width_class
+
+class BatchRunner:
+    def __init__(self, runner: Runner, max_batch: int = 8, kv_budget_bytes: int | None = None,
+                 cost: CostCurve | None = None, prefill_chunk: int = 256, size_trees: bool = True):
+        """`cost`: the target's forward ms per row count (the verify-cost curve); without it every request drafts
+        its configured tree. `prefill_chunk`: prompt rows a step takes in all, so a long prompt does not stall the
+        requests already decoding."""
+        self.runner, self.max_batch, self.kv_budget = runner, max_batch, kv_budget_bytes
+        self.cost, self.prefill_chunk, self.size_trees = cost, prefill_chunk, size_trees and cost is not None
+        self.active: list[Slot] = []
+        self._to_extend: list[tuple] = []  # (slot, features, tokens) its drafter reads after this step
+        self.modes = ModeChooser()  # whether a batch of each width drafts, measured (speculative/batch_sizing.py)
+        self._segment: dict | None = None  # the steps so far in the chooser's current mode
+        target = runner.target
+        probe = target.new_cache(1, runner.cache.k.dtype)
+        self._token_bytes = probe.nbytes + (runner.drafter.cache.nbytes // runner.drafter.cache.capacity
+                                            if runner.drafter is not None else 0)
+        self.steps = 0
+
+    # ---- admission ---------------------------------------------------------------------------------------
+    @property
+    def kv_reserved(self) -> int:
+        return sum(s.kv_bytes for s in self.active)
+
+    def kv_needed(self, prompt_ids: list[int], config: DecodeConfig) -> int:
+        """Bytes of KV cache (target and drafter) a request reserves: its prompt, answer and one step's tree."""
+        return (len(prompt_ids) + config.max_new_tokens + config.tree_capacity()) * self._token_bytes
+
+    def fits(self, prompt_ids: list[int], config: DecodeConfig) -> bool:
+        """Room for this request now: a free slot and, under a KV budget, its bytes. A request larger than the
+        whole budget never fits (`check` refuses it)."""
+        if len(self.active) >= self.max_batch:
+            return False
+        return self.kv_budget is None or self.kv_reserved + self.kv_needed(prompt_ids, config) <= self.kv_budget
+
+    def check(self, prompt_ids: list[int], config: DecodeConfig) -> None:
+        """An InputError when the request can never run here (the engine's limits, or more KV than the budget)."""
+        from eagle_trt.errors import InputError
+
+        self.runner.check_prompt(prompt_ids, config)
+        need = self.kv_needed(prompt_ids, config)
+        if self.kv_budget is not None and need > self.kv_budget:
+            raise InputError(f"the request needs {need / 2**20:.1f} MiB of KV cache, more than the server's budget "
+                             f"of {self.kv_budget / 2**20:.1f} MiB; lower max_tokens or raise --kv-cache-memory")
+
+    def admit(self, prompt_ids: list[int], config: DecodeConfig, on_tokens=None,
+              cancelled: Callable[[], bool] | None = None) -> Slot | None:
+        """Start a request (checked with `check` first) in the next step, or None while it does not fit."""
+        if not self.fits(prompt_ids, config):
+            return None
+        runner = self.runner
+        drafting = config.mode == "eagle" and runner.drafter is not None
+        request = Request.new(prompt_ids, config, runner.eos_token_ids, drafting, on_tokens)
+        capacity = len(prompt_ids) + config.max_new_tokens + config.tree_capacity()
+        request.cache = runner.target.new_cache(capacity, runner.cache.k.dtype, *kv_scales(runner.cache))
+        request.drafter = runner.drafter.fresh(capacity) if drafting else None
+        request.cache.length = 0
+        slot = Slot(request, self.kv_needed(prompt_ids, config), drafting, cancelled)
+        self.active.append(slot)
+        return slot
+
+    # ---- one step ----------------------------------------------------------------------------------------
+    def step(self) -> list[Slot]:
+        """One shared forward over every active request; returns the requests that ended in it."""
+        ended = [s for s in self.active if s.cancelled is not None and s.cancelled()]
+        for s in ended:
+            s.request.metrics.stop_reason = s.request.metrics.stop_reason or "stopped"
+        live = [s for s in self.active if s not in ended]
+        t_step = time.perf_counter()
+        before = sum(len(s.request.output) for s in live)
+        self._pick_mode(live)
+        work = self._plan(live)
+        if work:
+            t_verify = time.perf_counter()
+            hidden, aux, greedy = self._forward(work)
+            rows = sum(w.n for w in work)
+            self.runner.row_price.add_step(rows, 1000 * (time.perf_counter() - t_verify))
+            for w in work:
+                self._resolve(w, hidden, aux, greedy, t_verify)
+            self._extend_drafters()
+            self.steps += 1
+            if self._segment is not None and not any(w.kind == "prefill" for w in work):
+                seg = self._segment
+                seg["steps"] += 1
+                seg["tokens"] += sum(len(s.request.output) for s in live) - before
+                seg["ms"] += 1000 * (time.perf_counter() - t_step)
+        ended += [s for s in live if s.request.done]
+        for s in ended:
+            self._finish(s)
+        self.active = [s for s in self.active if s not in ended]
+        return ended
+
+    def _plan(self, live: list[Slot]) -> list[Work]:
+        budget = self.prefill_chunk
+        work, candidates = [], []
+        for slot in live:
+            request = slot.request
+            if slot.prefilling:
+                if budget <= 0:
+                    continue  # waits for the next step's prefill rows
+                chunk = min(len(request.prompt_ids) - slot.prefilled, budget)
+                budget -= chunk
+                ids = torch.tensor(request.prompt_ids[slot.prefilled:slot.prefilled + chunk])
+                work.append(Work(slot, "prefill", Rows(ids, torch.arange(slot.prefilled, slot.prefilled + chunk),
+                                                       request.cache)))
+            elif not slot.drafting or self.runner.room(request) < 1 or self._falling_back(slot):
+                work.append(self._plain(slot))
+            else:
+                candidates.append(slot)
+        return work + self._drafted(candidates, work)
+
+    def _falling_back(self, slot: Slot) -> bool:
+        """The drafter keeps missing: `fallback_tokens` plain steps (the runner's own rule, per request)."""
+        request, cfg = slot.request, slot.request.config
+        if slot.fallback_left == 0 and cfg.fallback_after and request.misses >= cfg.fallback_after:
+            slot.fallback_left = cfg.fallback_tokens
+            request.metrics.fallbacks += 1
+            request.misses = 0
+        return slot.fallback_left > 0
+
+    def _plain(self, slot: Slot) -> Work:
+        request = slot.request
+        n = request.cache.length
+        return Work(slot, "plain", Rows(torch.tensor([request.root]), torch.tensor([n]), request.cache))
+
+    def _drafted(self, candidates: list[Slot], fixed: list[Work]) -> list[Work]:
+        """The drafting requests' work: who drafts (greedy requests as the mode chooser says; sampling ones always), their
+        trees, cut to the batch's best sizes, then their copies."""
+        if not candidates:
+            return []
+        plan = self._drafting_plan(candidates, fixed)
+        work = []
+        for slot in candidates:
+            if not plan[id(slot)]:
+                slot.request.metrics.undrafted_tokens += 1
+                work.append(self._plain(slot))
+        drafting = [s for s in candidates if plan[id(s)]]
+        if not drafting:
+            return work
+        t = time.perf_counter()
+        self._catch_up(drafting)
+        trees = self._trees(drafting)
+        share = (time.perf_counter() - t) / len(trees)
+        self._cut_trees(trees, sum(x.n for x in fixed) + len(work), len(fixed) + len(candidates))
+        # A token is worth what the batch's time buys, not what this request's share of the step cost it: the
+        # copy gate prices copied rows with that (speculative/copy_gate.py).
+        rate = self.modes.best_rate(width_class(len(candidates)))
+        for w in trees:
+            t = time.perf_counter()
+            request = w.slot.request
+            if request.gate is not None and rate:
+                request.gate.prices(self.runner.row_price.row_ms, 1.0 / rate)
+            self.runner.draft(request, self.runner.room(request), slice(1, None), w.draft)
+            tree = w.draft.tree()
+            w.rows = Rows(tree.tokens, tree.positions(request.cache.length), request.cache, tree.mask)
+            w.draft_s = share + time.perf_counter() - t
+        return work + trees
+
+    def _drafting_plan(self, candidates: list[Slot], fixed: list[Work]) -> dict[int, bool]:
+        """id(slot) -> whether it drafts this step: greedy requests as the mode chooser says for this batch width;
+        sampling requests always (their draws must not depend on the batch)."""
+        plain = self._segment is not None and self._segment["mode"] == "plain"
+        return {id(s): not (plain and s.request.greedy_acceptance) for s in candidates}
+
+    def _pick_mode(self, live: list[Slot]) -> None:
+        """Close the chooser's segment when it is full or the batch's width class changed (a closed loop of clients
+        changes the width by one every few steps: the classes keep segments whole), and open the next one."""
+        if not self.size_trees:
+            return
+        width = width_class(sum(1 for s in live if not s.prefilling and s.drafting))
+        seg = self._segment
+        if seg is not None and seg["width"] == width and seg["steps"] < seg["length"]:
+            return
+        if seg is not None and seg["steps"] >= 3:  # a segment cut short by arrivals still counts if it ran a while
+            self.modes.record(seg["width"], seg["mode"], seg["tokens"], seg["ms"])
+        if width == 0:
+            self._segment = None
+            return
+        mode, exploring = self.modes.choose(width), self.modes.exploring(width)
+        self._segment = {"width": width, "mode": mode, "steps": 0, "tokens": 0, "ms": 0.0,
+                         "length": ModeChooser.TRY if exploring else ModeChooser.SEGMENT}
+
+    def _trees(self, slots: list[Slot]) -> list[Work]:
+        """Each slot's drafted tree (its first proposer's): dynamic trees of EAGLE-3 drafters grown together, level
+        by level in shared head forwards; any other alone."""
+        runner = self.runner
+        together = [s for s in slots if s.request.config.tree == "dynamic"]
+        if not batchable([s.request.drafter for s in together]):
+            together = []
+        drafts = {}
+        if together:
+            shapes = []
+            for s in together:
+                cfg = s.request.config
+                shapes.append((cfg.beam_width, min(cfg.draft_length, runner.room(s.request)),
+                               min_score_of(cfg.confidence_threshold)))
+            cands = grow_together([s.request.drafter for s in together], shapes)
+            for s, cand in zip(together, cands):
+                draft = runner.new_draft(s.request)
+                cfg = s.request.config
+                draft.set_tree(DRAFTER, s.request.drafter.tree_of(s.request.root, cand, cfg.total_tokens,
+                                                                  min_score_of(cfg.confidence_threshold)))
+                drafts[id(s)] = draft
+        out = []
+        for s in slots:
+            draft = drafts.get(id(s)) or runner.draft(s.request, runner.room(s.request), slice(0, 1))
+            out.append(Work(s, "tree", Rows(torch.empty(0), torch.empty(0), s.request.cache), draft))
+        return out
+
+    def _cut_trees(self, trees: list[Work], fixed_rows: int, plain: int) -> None:
+        """Each greedy request's scored tree cut to the size that maximises the batch's expected tokens per ms."""
+        sizable = [w for w in trees if self.size_trees and w.slot.request.greedy_acceptance
+                   and w.draft._tree is not None and w.draft._tree.scores is not None]
+        if not sizable:
+            return
+        fixed_rows += len(trees) + sum(w.draft.size - 1 for w in trees if w not in sizable)
+        probs = [path_probs(w.draft._tree.scores[1:]) for w in sizable]
+        # A row's time is worth what the batch's faster mode achieves per ms (before any measurement: plain
+        # decoding's, by the curve).
+        width = self._segment["width"] if self._segment is not None else width_class(len(trees))
+        rate = self.modes.best_rate(width) or plain / self.cost(fixed_rows)
+        for w, n in zip(sizable, tree_sizes(probs, fixed_rows, self.cost, rate)):
+            w.draft.keep_best(n)
+
+    def _catch_up(self, slots: list[Slot]) -> None:
+        """The drafters read the plain steps they missed (their features and the tokens after them)."""
+        behind = [s for s in slots if s.behind_tokens]
+        if not behind:
+            return
+        auxes = [torch.cat(s.behind_aux) if s.request.drafter.needs_features else None for s in behind]
+        self._extend([s.request.drafter for s in behind], auxes, [torch.tensor(s.behind_tokens) for s in behind])
+        for s in behind:
+            s.behind_aux, s.behind_tokens = [], []
+
+    @staticmethod
+    def _extend(drafters: list, auxes: list, tokens: list) -> None:
+        """Each drafter reads its features and tokens: in one head forward where they share a head."""
+        if len(drafters) > 1 and batchable(drafters):
+            extend_together(drafters, auxes, tokens)
+            return
+        for d, aux, t in zip(drafters, auxes, tokens):
+            d.extend(aux, t)
+
+    # ---- the shared forward ------------------------------------------------------------------------------
+    def _forward(self, work: list[Work]):
+        """One target forward over every work item's rows; the greedy tokens of the rows greedy requests read,
+        through the LM head in one call."""
+        runner = self.runner
+        row = 0
+        for w in work:
+            w.first_row, row = row, row + w.n
+        need_aux = any(w.slot.drafting for w in work)
+        hidden, aux = runner.target.batched_hidden_states([w.rows for w in work], need_aux=need_aux,
+                                                          aux_layers=runner.aux_layers)
+        wanted = []
+        for w in work:
+            if w.kind == "tree" and w.slot.request.greedy_acceptance:
+                wanted += range(w.first_row, w.first_row + w.n)
+            elif w.slot.request.greedy and (w.kind == "plain" or w.slot.prefilled + w.n == len(
+                    w.slot.request.prompt_ids)):
+                wanted.append(w.first_row + w.n - 1)
+        greedy = {}
+        if wanted:
+            tokens = runner.target.greedy(hidden[torch.tensor(wanted)]).tolist()
+            greedy = dict(zip(wanted, tokens))
+        return hidden, aux, greedy
+
+    def _next_token(self, w: Work, hidden: torch.Tensor, greedy: dict) -> int:
+        """The token after a prefill's or a plain step's last row: the greedy pick, or the request's own draw."""
+        last = w.first_row + w.n - 1
+        if last in greedy:
+            return greedy[last]
+        logits = self.runner.target.logits(hidden[last:last + 1])
+        return w.slot.request.pick(logits[-1], self.runner.target.argmax)
+
+    # ---- each request on its own ---------------------------------------------------------------------------
+    def _resolve(self, w: Work, hidden, aux, greedy: dict, t_verify: float) -> None:
+        rows = slice(w.first_row, w.first_row + w.n)
+        if w.kind == "prefill":
+            self._prefilled(w, hidden, aux[rows] if aux is not None else None, greedy)
+        elif w.kind == "plain":
+            self._plain_done(w, hidden, aux[rows] if aux is not None else None, greedy, t_verify)
+        else:
+            self._tree_done(w, hidden[rows], aux[rows] if aux is not None else None, greedy, t_verify)
+
+    def _prefilled(self, w: Work, hidden, aux, greedy: dict) -> None:
+        slot, request = w.slot, w.slot.request
+        slot.prefilled += w.n
+        request.cache.length = slot.prefilled
+        if slot.drafting:
+            slot.prompt_aux.append(aux)
+        if slot.prefilling:
+            return
+        root = self._next_token(w, hidden, greedy)
+        request.metrics.prefill_s = time.perf_counter() - slot.admitted
+        request.root = root
+        request.commit([root])
+        if slot.drafting and not request.done:
+            feats = torch.cat(slot.prompt_aux) if request.drafter.needs_features else None
+            slot.prompt_aux = []
+            self.runner.start_drafting(request, feats, root)
+
+    def _plain_done(self, w: Work, hidden, aux, greedy: dict, t_verify: float) -> None:
+        slot, request = w.slot, w.slot.request
+        out_of_room = slot.drafting and self.runner.room(request) < 1  # why this drafting request went plain
+        nxt = self._next_token(w, hidden, greedy)
+        request.cache.length += 1
+        if not slot.drafting:
+            request.metrics.steps.append(StepRecord(0, 0, 0, 0.0, time.perf_counter() - t_verify))
+        elif slot.fallback_left > 0:
+            slot.fallback_left -= 1
+            request.metrics.fallback_tokens += 1
+        request.commit([nxt])
+        request.root = nxt
+        if slot.drafting and not request.done:
+            if out_of_room:  # the root's own forward gave the last token the context holds
+                request.metrics.stop_reason = "context"
+                return
+            if aux is not None:
+                slot.behind_aux.append(aux)
+            slot.behind_tokens.append(nxt)
+
+    def _tree_done(self, w: Work, hidden, aux, greedy: dict, t_verify: float) -> None:
+        slot, request, runner = w.slot, w.slot.request, self.runner
+        target_next = None
+        if request.greedy_acceptance:
+            target_next = torch.tensor([greedy[r] for r in range(w.first_row, w.first_row + w.n)])
+        verified = Verified(hidden, aux)
+        accepted = runner.accept(request, w.draft, verified, target_next)
+        feed = runner.commit_step(request, w.draft, verified, accepted, w.draft_s, t_verify, extend=False)
+        if feed is not None:
+            self._to_extend.append((slot, *feed))
+
+    def _extend_drafters(self) -> None:
+        """This step's drafted requests' drafters read their accepted paths, together; each is charged its share."""
+        feeds, self._to_extend = self._to_extend, []
+        if not feeds:
+            return
+        t = time.perf_counter()
+        self._extend([s.request.drafter for s, _, _ in feeds], [a for _, a, _ in feeds], [t_ for _, _, t_ in feeds])
+        spent = time.perf_counter() - t
+        for slot, _, _ in feeds:
+            slot.request.carry_draft_s = spent / len(feeds)
+
+    def _finish(self, slot: Slot) -> None:
+        m = slot.request.metrics
+        m.total_s = time.perf_counter() - slot.admitted
+        m.generated_tokens = len(slot.request.output)

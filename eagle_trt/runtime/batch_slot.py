@@ -1,0 +1,58 @@
+"""What a batched runner (runtime/batch.py) keeps per request and per step: a request's place in the batch (`Slot`)
+and what it puts into one shared forward (`Work`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from eagle_trt.models.llama import Rows
+from eagle_trt.runtime.proposers import DraftTree
+from eagle_trt.runtime.request import Request
+
+
+@dataclass
+class Slot:
+    """One request's place in the batch: the request (with its own KV regions), its prefill progress, and the plain
+    steps its drafter has yet to read."""
+
+    request: Request
+    kv_bytes: int
+    drafting: bool
+    cancelled: Callable[[], bool] | None = None
+    admitted: float = field(default_factory=time.perf_counter)
+    prefilled: int = 0  # prompt tokens in the KV cache
+    prompt_aux: list = field(default_factory=list)  # the prefill chunks' features (the drafter starts on them)
+    # Plain steps of a drafting request (a fallback, or a step in the batch's plain mode): their features and the
+    # tokens that followed, which the drafter reads before it drafts again.
+    behind_aux: list = field(default_factory=list)
+    behind_tokens: list = field(default_factory=list)
+    fallback_left: int = 0
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.request.prompt_ids)
+
+
+@dataclass
+class Work:
+    """What one slot puts into this step's forward: `kind` prefill | plain | tree, its rows, and (tree) its draft."""
+
+    slot: Slot
+    kind: str
+    rows: Rows
+    draft: DraftTree | None = None
+    draft_s: float = 0.0
+    first_row: int = 0  # its first row in the pass
+
+    @property
+    def n(self) -> int:
+        return self.rows.tokens.numel()
+
+
+def kv_scales(cache) -> tuple:
+    """The FP8 scales a runner's cache was made with, for a request's own cache of the same kind."""
+    return (torch.tensor(cache.k_scales), torch.tensor(cache.v_scales)) if cache.quantized else (None, None)
