@@ -37,19 +37,32 @@ def test_a_jump_in_the_curve_is_weighed_against_the_nodes_after_it():
 
 
 def test_the_mode_chooser_measures_both_and_keeps_the_faster():
-    m = ModeChooser()
+    m, seg = ModeChooser(), ModeChooser.SEGMENT
     assert m.choose(4) == "draft" and m.exploring(4)  # a new width: a try of drafting first,
-    m.record(4, "draft", tokens=60, ms=300.0)
-    assert m.choose(4) == "plain"  # then plain,
-    m.record(4, "plain", tokens=64, ms=200.0)
-    seen = [(m.choose(4), m.exploring(4)) for _ in range(3)]
-    assert seen == [("plain", False), ("plain", False), ("draft", True)]  # the faster, a try of the other after 2
-    m.record(4, "draft", tokens=60, ms=300.0)  # it lost again: the next try waits twice as long
-    assert [m.choose(4) for _ in range(5)] == ["plain"] * 4 + ["draft"]
-    m.record(4, "draft", tokens=300, ms=100.0)  # now drafting wins: it leads, and plain is tried again soon
-    assert m.choose(4) == "draft"
-    assert m.choose(1) == "draft"  # a width not measured yet: where the nearest measured one leads
-    assert m.best_rate(4) == m.best_rate(9) == m.rate(4, "draft") > m.rate(4, "plain")
+    m.record(4, "draft", tokens=60, ms=300.0, steps=6)
+    assert m.choose(4) == "plain" and m.exploring(4)  # then of plain,
+    m.record(4, "plain", tokens=64, ms=200.0, steps=6)
+
+    def run(n_segments, draft_wins=False):
+        modes = []
+        for _ in range(n_segments):
+            mode = m.choose(4)
+            modes.append(mode)
+            if mode == "plain":
+                m.record(4, "plain", 64, 200.0, seg)
+            else:
+                m.record(4, "draft", 300 if draft_wins else 60, 100.0 if draft_wins else 300.0, ModeChooser.TRY)
+        return modes
+
+    # The faster for 2 segments' worth of steps, then a try of the other; it loses, so the next wait is 4.
+    assert run(8) == ["plain", "plain", "draft", "plain", "plain", "plain", "plain", "draft"]
+    # Two lost tries: the next comes after 8 segments; drafting wins it and takes the lead.
+    assert run(9, draft_wins=True) == ["plain"] * 8 + ["draft"] and m._leader(4) == "draft"
+    # A width not measured yet: the nearest measured one's leader first, then the other is measured there too.
+    assert m.choose(1) == m._leader(4) and m.exploring(1)
+    m.record(1, m._leader(4), 10, 100.0, 6)
+    assert m.choose(1) != m._leader(4)
+    assert m.best_rate(4) == max(m.rate(4, "draft"), m.rate(4, "plain")) == m.best_rate(9)
 
 
 def test_ema():

@@ -215,7 +215,7 @@ class BatchRunner:
         if seg is not None and seg["width"] == width and seg["steps"] < seg["length"]:
             return
         if seg is not None and seg["steps"] >= 3:  # a segment cut short by arrivals still counts if it ran a while
-            self.modes.record(seg["width"], seg["mode"], seg["tokens"], seg["ms"])
+            self.modes.record(seg["width"], seg["mode"], seg["tokens"], seg["ms"], seg["steps"])
         if width == 0:
             self._segment = None
             return

@@ -55,19 +55,21 @@ def width_class(n: int) -> int:
 
 
 class ModeChooser:
-    """Whether a batch of a given width drafts, decided by measurement: steps run in segments of SEGMENT steps in
-    one mode (drafting or plain; a try of the slower mode takes TRY steps), each segment's committed tokens per ms (everything it cost: drafting, catching the
-    drafters up, verifying, bookkeeping) go into that width's average for its mode, and the next segment takes the
-    faster mode. The slower one is tried again after `gap` segments, and every time it loses again the gap doubles
-    (up to MAX_GAP), so where one mode is clearly faster the other costs little. A width not measured yet takes
-    the mode that leads at the nearest measured one; the first of all tries drafting, then plain."""
+    """Whether a batch of a given width (class, `width_class`) drafts, decided by measurement: steps run in segments
+    of SEGMENT steps in one mode, drafting or plain (a try takes TRY steps); each segment's committed tokens per ms,
+    everything it cost included (drafting, catching the drafters up, verifying, bookkeeping), go into that width's
+    average for its mode, and the next segment takes the faster mode. The slower one is tried again after `gap`
+    segments' worth of steps, and every time it loses again the gap doubles (up to MAX_GAP), so where one mode is
+    clearly faster the other costs little. A width not measured yet first takes the mode that leads at the nearest
+    measured one, then tries the other; the first width of all tries drafting, then plain."""
 
-    SEGMENT, TRY, MAX_GAP = 16, 6, 32  # steps a segment of the leading mode takes, of the other, segments between tries
+    SEGMENT, TRY, MAX_GAP = 16, 6, 32
 
     def __init__(self):
         self.rates: dict[tuple[int, str], Ema] = {}
-        self._gap: dict[int, int] = {}
-        self._since: dict[int, int] = {}
+        self._gap: dict[int, int] = {}  # segments of the leading mode between tries of the other
+        self._since: dict[int, int] = {}  # steps of the leading mode since the last try
+        self._trying: dict[int, bool] = {}
 
     def rate(self, width: int, mode: str) -> float | None:
         ema = self.rates.get((width, mode))
@@ -75,34 +77,39 @@ class ModeChooser:
 
     def choose(self, width: int) -> str:
         draft, plain = self.rate(width, "draft"), self.rate(width, "plain")
-        if draft is None or plain is None:
-            near = self._nearest(width)
-            if near is not None:  # a width not measured yet starts where the nearest measured one stands
-                return self._leader(near)
+        if draft is None and plain is None:
+            near = self._nearest(width)  # a width not measured yet starts where the nearest measured one stands
+            return self._leader(near) if near is not None else "draft"
+        if draft is None or plain is None:  # then measures the other here too
             return "draft" if draft is None else "plain"
         best, other = ("draft", "plain") if draft >= plain else ("plain", "draft")
-        since = self._since.get(width, 0) + 1
-        if since > self._gap.get(width, 2):
+        if self._since.get(width, 0) >= self._gap.get(width, 2) * self.SEGMENT:
             self._since[width] = 0
+            self._trying[width] = True
             return other
-        self._since[width] = since
+        self._trying[width] = False
         return best
 
-    def record(self, width: int, mode: str, tokens: int, ms: float) -> None:
+    def record(self, width: int, mode: str, tokens: int, ms: float, steps: int = SEGMENT) -> None:
+        """A segment's outcome: `tokens` committed in `ms` over `steps` steps in `mode`."""
         if ms <= 0:
             return
         before = self._leader(width)
         self.rates.setdefault((width, mode), Ema(0.3)).add(tokens / ms)
         after = self._leader(width)
+        if before is None or after is None:
+            return
+        if mode == before:
+            self._since[width] = self._since.get(width, 0) + steps
+            return
         gap = self._gap.get(width, 2)
-        # The tried mode lost again: wait longer; the lead changed: look again soon.
-        self._gap[width] = min(2 * gap, self.MAX_GAP) if after == before and mode != after else 2
+        # The tried mode lost again: wait twice as long; it took the lead: look back again soon.
+        self._gap[width] = min(2 * gap, self.MAX_GAP) if after == before else 2
 
     def exploring(self, width: int) -> bool:
         """Whether the mode `choose` just gave for this width is a try (its segment is short): of the slower mode,
         or of either while this width has not measured both."""
-        leader = self._leader(width)
-        return leader is None or self._since.get(width, 0) == 0
+        return self._leader(width) is None or self._trying.get(width, False)
 
     def best_rate(self, width: int) -> float | None:
         """The faster mode's tokens per ms at this width (or the nearest measured width): what the batch's time
