@@ -297,6 +297,31 @@ def test_build_for_another_line_is_written_but_not_validated(ckpt, tmp_path, fak
                                         f"{fake_trtllm}) is installed: rebuild it with --trtllm-version {fake_trtllm}")
 
 
+def test_iterations_come_from_the_request_output_and_zero_reads_not_reported(ckpt, tmp_path, fake_trtllm,
+                                                                             monkeypatch):
+    """TensorRT-LLM keeps decoding_iter on the request's output, not on its CompletionOutput; a run whose
+    iterations come back 0 (unreported) shows tau as not reported instead of inventing one."""
+    from eagle_trt.runtime.trtllm_runner import reported_count
+
+    assert [reported_count(v) for v in (None, 0, "x", 3)] == [None, None, None, 3]
+    root = build_engine(trt_cfg(trtllm_version=fake_trtllm), ckpt, tmp_path / "e").engine_dir
+    real = FakeLLM.generate
+
+    def unreported(self, inputs, sampling_params):
+        outs = real(self, inputs, sampling_params)
+        for o in outs:
+            o.outputs[0].decoding_iter = 7  # on the CompletionOutput: must not be read
+            o.decoding_iter = 0
+        return outs
+
+    monkeypatch.setattr(FakeLLM, "generate", unreported)
+    args = ["run", "--engine", str(root), "--prompt", "hi", "--no-chat", "--tree", "chain", "--max-new-tokens", "3"]
+    data = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    assert data["metrics"]["acceptance_length"] is None and data["metrics"]["verify_steps"] is None
+    shown = CliRunner().invoke(app, args)
+    assert shown.exit_code == 0 and "not reported" in shown.output, shown.output
+
+
 def test_run_generates_through_llm_api(ckpt, tmp_path, fake_trtllm):
     root = build_engine(trt_cfg(trtllm_version=fake_trtllm), ckpt, tmp_path / "e").engine_dir
     result = CliRunner().invoke(app, ["run", "--engine", str(root), "--prompt", "hi", "--no-chat", "--json",

@@ -139,9 +139,11 @@ class FakeLLM:
             timing_metrics=types.SimpleNamespace(arrival_time=timedelta(0), first_token_time=timedelta(milliseconds=5)),
         )  # fmt: skip
         ids = [72, 105, 34] if (spec and self.differ) else [72, 105, 33]
-        done = types.SimpleNamespace(token_ids=ids, finish_reason="length", decoding_iter=2 if spec else 3,
-                                     request_perf_metrics=perf)  # fmt: skip
-        return [types.SimpleNamespace(outputs=[done]) for _ in (inputs if isinstance(inputs, list) else [inputs])]
+        done = types.SimpleNamespace(token_ids=ids, finish_reason="length", request_perf_metrics=perf)
+        # As TensorRT-LLM's executor/result.py: decoding_iter is the request's (GenerationResult), not on its
+        # CompletionOutput (a slots dataclass without that field).
+        return [types.SimpleNamespace(outputs=[done], decoding_iter=2 if spec else 3)
+                for _ in (inputs if isinstance(inputs, list) else [inputs])]
 
     def shutdown(self):
         self.closed = True
@@ -174,8 +176,8 @@ from pathlib import Path
 ALLOWED = {fields}
 class SamplingParams:
     def __init__(self, **kw): self.__dict__.update(kw)
-class _Out:
-    def __init__(self, ids, it): self.token_ids, self.decoding_iter, self.request_perf_metrics = ids, it, None
+class _Out:  # a CompletionOutput: no decoding_iter (that is the request output's)
+    def __init__(self, ids): self.token_ids, self.request_perf_metrics = ids, None
 class LLM:
     def __init__(self, model, tokenizer=None, **kw):
         assert Path(model).is_dir() and Path(tokenizer).is_dir(), (model, tokenizer)
@@ -191,7 +193,7 @@ class LLM:
             ids = [5 + (base + 7 * t) % 90 for t in range(params.max_tokens)]
             if differ == "1" or (differ == "2" and i == 1):
                 ids[-1] = 4
-            out.append(type("R", (), {{"outputs": [_Out(ids, 2 if self.spec else 4)]}})())
+            out.append(type("R", (), {{"outputs": [_Out(ids)], "decoding_iter": 2 if self.spec else 4}})())
         return out
     def shutdown(self): pass
 '''

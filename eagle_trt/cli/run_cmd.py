@@ -157,10 +157,11 @@ def metrics_table(m: dict) -> Table:
     if m.get("kernels"):
         table.add_row("kernels", m["kernels"])
     table.add_row("tokens/s", f"{m['tokens_per_second']:.2f}")
-    table.add_row("acceptance length τ", f"{m['acceptance_length']:.2f}")
+    tau = m["acceptance_length"]
+    table.add_row("acceptance length τ", "not reported" if tau is None else f"{tau:.2f}")
     if m["acceptance_per_depth"]:
         table.add_row("acceptance by depth", " ".join(f"{a:.2f}" for a in m["acceptance_per_depth"]))
-    table.add_row("verify steps", str(m["verify_steps"]))
+    table.add_row("verify steps", "not reported" if m["verify_steps"] is None else str(m["verify_steps"]))
     table.add_row("prefill ms", f"{m['prefill_ms']:.1f}")
     table.add_row("draft ms / verify ms", f"{m['draft_ms']:.1f} / {m['verify_ms']:.1f}")
     if m["mean_tree_size"]:

@@ -101,7 +101,8 @@ def generate(trt, options: dict, speculative: bool, prompts: list[str], max_toke
         spec = getattr(getattr(done, "request_perf_metrics", None), "speculative_decoding", None)
         results.append({
             "token_ids": list(done.token_ids),
-            "iterations": int(getattr(done, "decoding_iter", 0) or 0),
+            # The request's output carries the iterations (its CompletionOutput has none); 0 means not reported.
+            "iterations": int(getattr(out, "decoding_iter", 0) or 0),
             "draft_tokens": int(getattr(spec, "total_draft_tokens", 0) or 0),
             "accepted_draft_tokens": int(getattr(spec, "total_accepted_draft_tokens", 0) or 0),
         })  # fmt: skip
@@ -133,9 +134,12 @@ def run(args) -> dict:
                                   "iterations": s["iterations"], "tokens_per_iteration": round(per_iter, 3),
                                   "accepted_draft_tokens": s["accepted_draft_tokens"],
                                   "draft_tokens": s["draft_tokens"]})  # fmt: skip
-        print(f"prompt {i + 1}: {len(s['token_ids'])} tokens in {s['iterations']} iterations "
-              f"({per_iter:.2f} tokens/iteration, {s['accepted_draft_tokens']}/{s['draft_tokens']} draft tokens "
-              f"accepted); speculative == plain: {'yes' if same else 'NO'}", flush=True)  # fmt: skip
+        its = (f"{s['iterations']} iterations ({per_iter:.2f} tokens/iteration" if s["iterations"]
+               else "iterations not reported (")
+        drafts = (f"{s['accepted_draft_tokens']}/{s['draft_tokens']} draft tokens accepted" if s["draft_tokens"]
+                  else "draft tokens not reported")
+        print(f"prompt {i + 1}: {len(s['token_ids'])} tokens in {its}, {drafts}); speculative == plain: "
+              f"{'yes' if same else 'NO'}", flush=True)  # fmt: skip
         if not same:
             print(f"  plain: {p['token_ids'][:16]}\n  spec:  {s['token_ids'][:16]}", flush=True)
     report["seconds"] = round(time.monotonic() - start, 1)

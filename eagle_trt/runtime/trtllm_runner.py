@@ -31,7 +31,9 @@ class TrtllmMetrics:
     generated_tokens: int
     total_s: float
     stop_reason: str
-    decoding_iterations: int = 0
+    # The request's decoding iterations; None where TensorRT-LLM did not report them (0 is what it leaves
+    # unreported): then tau is "not reported", never a made-up 1.0 or 0.
+    decoding_iterations: int | None = None
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
     acceptance_rate: float = 0.0
@@ -39,13 +41,14 @@ class TrtllmMetrics:
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        steps = self.decoding_iterations or max(self.generated_tokens, 1)
+        reported = self.decoding_iterations is not None
+        steps = self.decoding_iterations if reported else max(self.generated_tokens, 1)
         return {
             "mode": self.mode, "backend": "trtllm",
             "prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
-            "verify_steps": steps,
+            "verify_steps": steps if reported else None,
             # TensorRT-LLM's acceptance length: tokens committed per decoding iteration.
-            "acceptance_length": round(self.generated_tokens / steps, 4),
+            "acceptance_length": round(self.generated_tokens / steps, 4) if reported else None,
             "acceptance_per_depth": [],
             "tokens_per_second": round(self.generated_tokens / self.total_s, 3) if self.total_s > 0 else 0.0,
             "prefill_ms": round(self.ttft_s * 1e3, 2),  # time to first token
@@ -152,7 +155,8 @@ class TrtllmRunner:
             on_tokens(tokens)
         metrics = TrtllmMetrics(mode=opts.mode, prompt_tokens=len(ids), generated_tokens=len(tokens), total_s=total,
                                 stop_reason=str(completion.finish_reason or ""),
-                                decoding_iterations=int(getattr(completion, "decoding_iter", 0) or 0),
+                                # On the request's output (GenerationResult), not on its CompletionOutput.
+                                decoding_iterations=reported_count(getattr(out, "decoding_iter", None)),
                                 extra={"temperature": _temperature(opts),
                                        "trtllm_tree": self._tree,
                                        "lossy": getattr(opts, "posterior_threshold", None) is not None
@@ -173,6 +177,15 @@ class TrtllmRunner:
         if self._llm is not None:
             llm, self._llm, self._key = self._llm, None, None
             llm.shutdown()
+
+
+def reported_count(value) -> int | None:
+    """A counter TensorRT-LLM may leave at 0 when it does not report it: None then, else the count."""
+    try:
+        n = int(value or 0)
+    except (TypeError, ValueError):
+        return None
+    return n if n > 0 else None
 
 
 def _temperature(opts) -> float:
