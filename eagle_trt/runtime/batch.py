@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 
 from eagle_trt.config.decode import DecodeConfig
+from eagle_trt.errors import InputError
 from eagle_trt.models.llama import Rows
 from eagle_trt.runtime.batch_drafting import batchable, extend_together, grow_together
 from eagle_trt.runtime.batch_slot import Slot, Work, kv_scales
@@ -55,8 +56,8 @@ class BatchRunner:
         self.modes = ModeChooser()  # whether a batch of each width drafts, measured (speculative/batch_sizing.py)
         self._segment: dict | None = None  # the steps so far in the chooser's current mode
         target = runner.target
-        probe = target.new_cache(1, runner.cache.k.dtype)
-        self._token_bytes = probe.nbytes + (runner.drafter.cache.nbytes // runner.drafter.cache.capacity
+        one_slot = target.new_cache(1, runner.cache.k.dtype)
+        self._token_bytes = one_slot.nbytes + (runner.drafter.cache.nbytes // runner.drafter.cache.capacity
                                             if runner.drafter is not None else 0)
         self.steps = 0
 
@@ -78,8 +79,6 @@ class BatchRunner:
 
     def check(self, prompt_ids: list[int], config: DecodeConfig) -> None:
         """An InputError when the request can never run here (the engine's limits, or more KV than the budget)."""
-        from eagle_trt.errors import InputError
-
         self.runner.check_prompt(prompt_ids, config)
         need = self.kv_needed(prompt_ids, config)
         if self.kv_budget is not None and need > self.kv_budget:
@@ -167,8 +166,8 @@ class BatchRunner:
         return Work(slot, "plain", Rows(torch.tensor([request.root]), torch.tensor([n]), request.cache))
 
     def _drafted(self, candidates: list[Slot], fixed: list[Work]) -> list[Work]:
-        """The drafting requests' work: who drafts (greedy requests as the mode chooser says; sampling ones always), their
-        trees, cut to the batch's best sizes, then their copies."""
+        """The drafting requests' work: who drafts (greedy requests as the mode chooser says; sampling ones always),
+        their trees, cut to the batch's best sizes, then their copies."""
         if not candidates:
             return []
         plan = self._drafting_plan(candidates, fixed)
@@ -247,7 +246,7 @@ class BatchRunner:
         out = []
         for s in slots:
             draft = drafts.get(id(s)) or runner.draft(s.request, runner.room(s.request), slice(0, 1))
-            out.append(Work(s, "tree", Rows(torch.empty(0), torch.empty(0), s.request.cache), draft))
+            out.append(Work(s, "tree", None, draft))  # its rows once the copies are grafted
         return out
 
     def _cut_trees(self, trees: list[Work], fixed_rows: int, plain: int) -> None:
@@ -302,22 +301,22 @@ class BatchRunner:
             elif w.slot.request.greedy and (w.kind == "plain" or w.slot.prefilled + w.n == len(
                     w.slot.request.prompt_ids)):
                 wanted.append(w.first_row + w.n - 1)
-        greedy = {}
+        greedy = torch.full((hidden.shape[0],), -1, dtype=torch.long)  # -1: a row no greedy request reads
         if wanted:
-            tokens = runner.target.greedy(hidden[torch.tensor(wanted)]).tolist()
-            greedy = dict(zip(wanted, tokens))
+            idx = torch.tensor(wanted)
+            greedy[idx] = runner.target.greedy(hidden[idx])
         return hidden, aux, greedy
 
-    def _next_token(self, w: Work, hidden: torch.Tensor, greedy: dict) -> int:
+    def _next_token(self, w: Work, hidden: torch.Tensor, greedy: torch.Tensor) -> int:
         """The token after a prefill's or a plain step's last row: the greedy pick, or the request's own draw."""
         last = w.first_row + w.n - 1
-        if last in greedy:
-            return greedy[last]
+        if greedy[last] >= 0:
+            return int(greedy[last])
         logits = self.runner.target.logits(hidden[last:last + 1])
         return w.slot.request.pick(logits[-1], self.runner.target.argmax)
 
     # ---- each request on its own ---------------------------------------------------------------------------
-    def _resolve(self, w: Work, hidden, aux, greedy: dict, t_verify: float) -> None:
+    def _resolve(self, w: Work, hidden, aux, greedy: torch.Tensor, t_verify: float) -> None:
         rows = slice(w.first_row, w.first_row + w.n)
         if w.kind == "prefill":
             self._prefilled(w, hidden, aux[rows] if aux is not None else None, greedy)
@@ -326,7 +325,7 @@ class BatchRunner:
         else:
             self._tree_done(w, hidden[rows], aux[rows] if aux is not None else None, greedy, t_verify)
 
-    def _prefilled(self, w: Work, hidden, aux, greedy: dict) -> None:
+    def _prefilled(self, w: Work, hidden, aux, greedy: torch.Tensor) -> None:
         slot, request = w.slot, w.slot.request
         slot.prefilled += w.n
         request.cache.length = slot.prefilled
@@ -343,7 +342,7 @@ class BatchRunner:
             slot.prompt_aux = []
             self.runner.start_drafting(request, feats, root)
 
-    def _plain_done(self, w: Work, hidden, aux, greedy: dict, t_verify: float) -> None:
+    def _plain_done(self, w: Work, hidden, aux, greedy: torch.Tensor, t_verify: float) -> None:
         slot, request = w.slot, w.slot.request
         out_of_room = slot.drafting and self.runner.room(request) < 1  # why this drafting request went plain
         nxt = self._next_token(w, hidden, greedy)
@@ -363,11 +362,11 @@ class BatchRunner:
                 slot.behind_aux.append(aux)
             slot.behind_tokens.append(nxt)
 
-    def _tree_done(self, w: Work, hidden, aux, greedy: dict, t_verify: float) -> None:
+    def _tree_done(self, w: Work, hidden, aux, greedy: torch.Tensor, t_verify: float) -> None:
         slot, request, runner = w.slot, w.slot.request, self.runner
         target_next = None
         if request.greedy_acceptance:
-            target_next = torch.tensor([greedy[r] for r in range(w.first_row, w.first_row + w.n)])
+            target_next = greedy[w.first_row:w.first_row + w.n]
         verified = Verified(hidden, aux)
         accepted = runner.accept(request, w.draft, verified, target_next)
         feed = runner.commit_step(request, w.draft, verified, accepted, w.draft_s, t_verify, extend=False)

@@ -43,7 +43,7 @@ class Work:
 
     slot: Slot
     kind: str
-    rows: Rows
+    rows: Rows | None  # a tree's: set once its copies are grafted
     draft: DraftTree | None = None
     draft_s: float = 0.0
     first_row: int = 0  # its first row in the pass
