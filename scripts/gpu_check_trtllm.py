@@ -12,9 +12,14 @@ Steps, one PASS / FAIL / WARN / SKIP line each, each in its own time limit (all 
             bundle where a smaller random Llama with the same tokenizer drafts (Draft_Target). A few MB each.
   versions  Python, torch, CUDA and GPU, transformers, and tensorrt_llm imported in a subprocess.
             Without tensorrt_llm or a GPU the check stops here with exit code 3.
-  config    Config only, no model load: each bundle of the installed line builds its Eagle3DecodingConfig (or
-            DraftTargetDecodingConfig) and KvCacheConfig with the installed classes, and its top-level fields are
-            TorchLlmArgs fields.
+  config    Config only, no model load, the way trtllm-serve reads it: each bundle's YAML (its draft path made
+            absolute, as serve.sh does) through TensorRT-LLM's update_llm_args_with_extra_options, whose
+            DecodingBaseConfig.from_dict picks the decoding config by decoding_type, then TorchLlmArgs validation.
+            A release that does not know decoding_type Eagle3 / Draft_Target fails here, even though its
+            Eagle3DecodingConfig class could be built directly.
+  serve     One bundle's own serve.sh (trtllm-serve on 127.0.0.1, a free port), polled until /health answers, one
+            greedy /v1/completions under the engine's name, then stopped (SIGTERM, SIGKILL after 20 s). --no-serve
+            skips it.
   generate  Per bundle of the installed line: its own validate.py in a subprocess (a real LLM load, 32 greedy
             tokens with and without speculation, acceptance per iteration). Unequal outputs are a WARN on these
             random models (bf16 near-ties), a FAIL with --strict-lossless.
@@ -154,25 +159,36 @@ except Exception as exc:
 print(json.dumps(info))
 """
 
+# The path trtllm-serve takes (tensorrt_llm/commands/serve.py): the YAML is read by
+# tensorrt_llm.llmapi.llm_args.update_llm_args_with_extra_options, which builds speculative_config with
+# DecodingBaseConfig.from_dict (dispatch on decoding_type: where a release does not know "Eagle3" or "Draft_Target",
+# the rejection shows here), merges it over the command line's arguments, and LLM(...) validates the result as
+# TorchLlmArgs. The same, without loading a model: the YAML copy names the draft absolutely, as serve.sh writes it.
 _CONFIG = """
-import json, sys
+import json, sys, tempfile
 from pathlib import Path
 import yaml
-from tensorrt_llm.llmapi import DraftTargetDecodingConfig, Eagle3DecodingConfig, KvCacheConfig, TorchLlmArgs
+from tensorrt_llm.llmapi.llm_args import TorchLlmArgs, update_llm_args_with_extra_options
 out = {}
 for root in map(Path, sys.argv[1:]):
-    opts = yaml.safe_load((root / "extra_llm_api_options.yaml").read_text())
-    spec = dict(opts["speculative_config"], speculative_model=str(root / "draft"))
+    text = (root / "extra_llm_api_options.yaml").read_text()
+    text = text.replace("speculative_model: ./draft", "speculative_model: " + json.dumps(str(root / "draft")))
     try:
-        (DraftTargetDecodingConfig if spec["decoding_type"] == "Draft_Target" else Eagle3DecodingConfig)(**spec)
-        KvCacheConfig(**opts["kv_cache_config"])
-        extra = sorted(set(opts) - set(TorchLlmArgs.model_fields))
-        out[root.name] = f"unknown TorchLlmArgs fields {extra}" if extra else "ok"
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "extra_llm_api_options.yaml"
+            path.write_text(text)
+            base = {"model": str(root / "target"), "tokenizer": str(root / "tokenizer"), "backend": "pytorch"}
+            merged = update_llm_args_with_extra_options(base, str(path))
+        spec = merged.get("speculative_config")
+        want = yaml.safe_load(text)["speculative_config"]["decoding_type"]
+        if spec is None or isinstance(spec, dict):
+            raise TypeError(f"speculative_config stayed {type(spec).__name__}: not parsed into a decoding config")
+        TorchLlmArgs(**{k: v for k, v in merged.items() if k != "backend"})
+        out[root.name] = "ok: " + type(spec).__name__ + " from decoding_type " + want
     except Exception as exc:
         out[root.name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
 print(json.dumps(out))
 """
-
 
 def _python(code: str, args: list[str], timeout: float) -> tuple[int, str, str]:
     try:
@@ -192,12 +208,10 @@ def _last_json(text: str) -> dict | None:
 
 
 def installed_line(version: str | None) -> str | None:
-    major, _, rest = (version or "").partition(".")
-    minor = rest.split(".")[0]
-    if not (major.isdigit() and minor.isdigit()):
-        return None
-    key = (int(major), int(minor))
-    return "1.3+" if key >= (1, 3) else "1.2" if key >= (1, 2) else None
+    from eagle_trt.engine.trtllm_lines import line_for
+
+    line = line_for(version)
+    return line.name if line else None
 
 
 def find_bundles(work: Path) -> dict[str, list[Path]]:
@@ -236,9 +250,11 @@ def run(args) -> int:
         check.report("config", "SKIP", f"{why}: the GPU steps need TensorRT-LLM and an NVIDIA GPU")
         return finish(check, args, missing=True)
 
+    from eagle_trt.engine.trtllm_lines import refusal
+
     line = args.trtllm_version or installed_line(version)
     if line not in bundles:
-        check.report("config", "FAIL", f"TensorRT-LLM {version} is older than 1.2, the oldest line bundles are for")
+        check.report("config", "FAIL", refusal(version) or f"no bundles of line {line} under {work / 'bundles'}")
         return finish(check, args)
     mine = bundles[line]
     code, stdout, stderr = _python(_CONFIG, [str(b) for b in mine], check.limit(args.step_timeout))
@@ -246,9 +262,11 @@ def run(args) -> int:
     if results is None:
         check.report("config", "FAIL", f"line {line}: {stderr.strip()[-300:]}")
     else:
-        bad = {k: v for k, v in results.items() if v != "ok"}
+        bad = {k: v for k, v in results.items() if not v.startswith("ok")}
         check.report("config", "FAIL" if bad else "PASS", f"line {line}: " + (json.dumps(bad) if bad else
-                     f"{len(results)} bundles' configs accepted by TensorRT-LLM {version}"))  # fmt: skip
+                     f"{len(results)} bundles' YAML read the trtllm-serve way by TensorRT-LLM {version}"))  # fmt: skip
+    if args.serve:
+        serve_step(check, mine[0], args)
 
     for bundle in mine:
         step = f"generate {bundle.name}"
@@ -269,6 +287,64 @@ def run(args) -> int:
         else:
             check.report(step, "FAIL", (out.stderr.strip() or out.stdout.strip())[-400:])
     return finish(check, args)
+
+
+def _http(url: str, body: dict | None = None, timeout: float = 5.0) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return reply.status, reply.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except OSError as exc:
+        return 0, str(exc)
+
+
+def serve_step(check: Check, bundle: Path, args) -> None:
+    """The bundle's own serve.sh (trtllm-serve on 127.0.0.1), polled until /health answers, one greedy completion
+    under the engine's name, then stopped: its process group gets SIGTERM, then SIGKILL after 20 s."""
+    import os
+    import signal
+    import socket
+
+    step, limit = f"serve {bundle.name}", check.limit(args.step_timeout)
+    with socket.socket() as sock:  # a free loopback port
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    name = json.loads((bundle / "trtllm.json").read_text())["served_model_name"]
+    log = (args.bundles_from or bundle.parents[2]) / f"{bundle.name}.serve.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(["bash", str(bundle / "serve.sh"), "--port", str(port)], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "HOST": "127.0.0.1"})  # fmt: skip
+    base, deadline, status = f"http://127.0.0.1:{port}", time.monotonic() + limit, (0, "")
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            status = _http(base + "/health", timeout=2.0)
+            if status[0] == 200:
+                break
+            time.sleep(2.0)
+        if status[0] != 200:
+            tail = log.read_text(errors="replace").strip()[-300:]
+            why = f"exited with {proc.returncode}" if proc.poll() is not None else f"no /health in {limit:.0f} s"
+            check.report(step, "FAIL", f"trtllm-serve {why}: {tail}")
+            return
+        code, text = _http(base + "/v1/completions", {"model": name, "prompt": "The capital of France is",
+                                                      "max_tokens": 8, "temperature": 0.0}, timeout=60.0)  # fmt: skip
+        ok = code == 200 and "choices" in text
+        check.report(step, "PASS" if ok else "FAIL", f"/v1/completions as {name}: HTTP {code} {text[:200]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 def finish(check: Check, args, missing: bool = False) -> int:
@@ -293,6 +369,8 @@ def main(argv=None) -> int:
     ap.add_argument("--step-timeout", type=float, default=240, help="seconds per step (default 240)")
     ap.add_argument("--budget", type=float, default=570, help="seconds for the whole run (default 570)")
     ap.add_argument("--strict-lossless", action="store_true", help="unequal spec / no-spec output fails")
+    ap.add_argument("--no-serve", dest="serve", action="store_false",
+                    help="skip the step that starts one bundle's serve.sh (trtllm-serve) and asks it for a completion")
     ap.add_argument("--json-out", type=Path, help="write every step's result here")
     return run(ap.parse_args(argv))
 

@@ -58,18 +58,44 @@ def test_cpu_part_builds_small_bundles_and_exits_3_without_tensorrt_llm(built):
                     ("1.3+", "model", "chain", "auto"), ("1.2", "model", "chain", "auto")}  # fmt: skip
 
 
+def fake_env(fake: Path) -> dict:
+    """The fake tensorrt_llm importable and its trtllm-serve first on PATH."""
+    return {"PYTHONPATH": str(fake), "PATH": f"{fake / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+
+
 def test_gpu_part_runs_each_bundle_of_the_installed_line(built, tmp_path):
     work, _ = built
     fake = write_fake_packages(tmp_path, "1.3+")
-    out = smoke("--bundles-from", str(work), "--max-tokens", "4", env={"PYTHONPATH": str(fake)})
+    out = smoke("--bundles-from", str(work), "--max-tokens", "4", env=fake_env(fake))
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.strip().splitlines()
     assert "tensorrt_llm 1.3.0rc27" in lines[1] and "gpu FakeGPU" in lines[1]
-    assert lines[2] == "[PASS] config: line 1.3+: 5 bundles' configs accepted by TensorRT-LLM 1.3.0rc27"
+    assert lines[2] == "[PASS] config: line 1.3+: 5 bundles' YAML read the trtllm-serve way by TensorRT-LLM 1.3.0rc27"
+    assert lines[3].startswith("[PASS] serve smoke-chain-auto: /v1/completions as smoke-chain-auto: HTTP 200 ")
     generate = [ln for ln in lines if ln.startswith("[PASS] generate smoke-")]
     assert len(generate) == 5 and all("speculative == plain: yes" in ln for ln in generate)
     assert any(ln.startswith("[PASS] generate smoke-draftmodel-chain-auto") for ln in generate)
-    assert lines[-1] == "8 passed, 0 failed, 0 skipped"
+    assert lines[-1] == "9 passed, 0 failed, 0 skipped"
+
+
+def test_a_release_that_parses_no_eagle3_fails_on_the_serve_path(built, tmp_path):
+    """1.2.0rc6's Eagle3DecodingConfig class can be built directly, but its YAML parser (the trtllm-serve path)
+    knows decoding_type Eagle and DraftTarget only: the config and serve steps must both show the rejection."""
+    work, _ = built
+    fake = write_fake_packages(tmp_path, "1.2", version="1.2.0rc6.post3")
+    out = smoke("--bundles-from", str(work), "--max-tokens", "4", "--trtllm-version", "1.2", env=fake_env(fake))
+    assert out.returncode == 1, out.stdout + out.stderr
+    config = next(ln for ln in out.stdout.splitlines() if ln.startswith("[FAIL] config: line 1.2: "))
+    assert json.loads(config.split("line 1.2: ", 1)[1]) == {
+        "smoke-chain-auto": "ValueError: Invalid decoding type: Eagle3",
+        "smoke-chain-fp8": "ValueError: Invalid decoding type: Eagle3",
+        "smoke-draftmodel-chain-auto": "ValueError: Invalid decoding type: Draft_Target"}
+    assert "[FAIL] serve smoke-chain-auto: trtllm-serve exited with 1: " in out.stdout
+    assert "Invalid decoding type: Eagle3" in out.stdout
+    # Without --trtllm-version the release is refused up front, with the reason in one line.
+    out = smoke("--bundles-from", str(work), "--max-tokens", "4", env=fake_env(fake))
+    assert out.returncode == 1 and "[FAIL] config: TensorRT-LLM 1.2.0rc6.post3 predates speculative_config." \
+        "decoding_type Eagle3 and Draft_Target" in out.stdout, out.stdout
 
 
 @pytest.mark.parametrize("line, bundles", [("1.2", 3), ("1.3+", 5)])
@@ -77,8 +103,8 @@ def test_unequal_outputs_warn_on_random_models_and_fail_when_strict(built, tmp_p
     """The "speculative == plain: yes" above comes from a fake whose two outputs agree; here they disagree (the
     fake's FAKE_DIFFER), and the smoke check must say so for every bundle of the line."""
     work, _ = built
-    env = {"PYTHONPATH": str(write_fake_packages(tmp_path, line)), "FAKE_DIFFER": "1"}
-    out = smoke("--bundles-from", str(work), "--max-tokens", "4", env=env)
+    env = {**fake_env(write_fake_packages(tmp_path, line)), "FAKE_DIFFER": "1"}
+    out = smoke("--bundles-from", str(work), "--max-tokens", "4", "--no-serve", env=env)
     assert out.returncode == 0 and out.stdout.count("[WARN] generate smoke-") == bundles, out.stdout
-    out = smoke("--bundles-from", str(work), "--max-tokens", "4", "--strict-lossless", env=env)
+    out = smoke("--bundles-from", str(work), "--max-tokens", "4", "--strict-lossless", "--no-serve", env=env)
     assert out.returncode == 1 and out.stdout.strip().endswith(f"3 passed, {bundles} failed, 0 skipped"), out.stdout

@@ -206,6 +206,35 @@ def test_validate_refuses_a_bundle_of_another_line(bundles, tmp_path):
                                   "rebuild it with `eagle-trt build --trtllm-version 1.3+`")
 
 
+@pytest.mark.parametrize("version, line, code", [("1.3.0rc5", "1.2", 0), ("1.3.0rc9.post1", "1.2", 0),
+                                                 ("1.3.0rc10", "1.2", 2), ("1.2.0rc7", "1.2", 0),
+                                                 ("1.2.0rc6.post3", "1.2", 2), ("1.3.0rc10.dev2026", "1.3+", 0)])
+def test_validate_tells_the_line_of_the_installed_release_from_trtllm_json(bundles, tmp_path, version, line, code):
+    """validate.py reads the releases of each line from trtllm.json (written from trtllm_lines): a 1.3 rc before
+    the dynamic tree reads 1.2 bundles, a 1.2 rc before Eagle3 reads none."""
+    out = run_validate(bundles[line], write_fake_packages(tmp_path, line, version=version), "--max-tokens", "4")
+    assert out.returncode == code, out.stdout + out.stderr
+    if version == "1.2.0rc6.post3":
+        assert out.stderr.strip() == ("validate: this bundle is for TensorRT-LLM 1.2 but 1.2.0rc6.post3 is installed: "
+                                      "it reads decoding_type Eagle3 / Draft_Target, which TensorRT-LLM has from "
+                                      "1.2.0rc7: install that or newer")
+    elif version == "1.3.0rc10":
+        assert "rebuild it with `eagle-trt build --trtllm-version 1.3+`" in out.stderr
+
+
+def test_validate_parses_releases_as_trtllm_lines_does(bundles):
+    import importlib.util
+
+    from eagle_trt.engine.trtllm_lines import parse_release
+
+    spec = importlib.util.spec_from_file_location("bundle_validate", bundles["1.2"] / "validate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for version in ("1.2.1", "1.2.0rc6.post3", "1.3.0rc27", "1.3.0rc26.dev202609050001", "1.4.0rc4", "1.2",
+                    "1.3.0+cu130", "2.0.0", "?", "", "1.2.0a1", "v1.2.1"):
+        assert module.release_key(version) == parse_release(version), version
+
+
 def test_validate_without_a_gpu_exits_3(bundles, tmp_path):
     out = run_validate(bundles["1.3+"], write_fake_packages(tmp_path, "1.3+", gpu=False))
     assert out.returncode == 3 and "no CUDA GPU is visible" in out.stderr

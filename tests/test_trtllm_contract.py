@@ -137,8 +137,8 @@ def test_draft_weights_take_the_names_the_loader_reads(ckpt, tmp_path):
 
 def test_static_tree_is_refused_where_the_line_has_none(ckpt, tmp_path):
     cfg = trt_cfg(tree="static", static_tree=[[0], [1]])
-    with pytest.raises(ConfigError, match=r'^tree static: TensorRT-LLM 1.3 release candidates, 1.4 and main have no '
-                                          r'static trees .* or build for trtllm_version "1.2", which runs a chain$'):
+    with pytest.raises(ConfigError, match=r'^tree static: TensorRT-LLM 1.3 \(1.3.0rc10 and later\), 1.4 and main do not all '
+                                          r'have static trees .* or build for trtllm_version "1.2", which runs a chain$'):
         build_engine(cfg, ckpt, tmp_path / "e", dry_run=True)
 
 
@@ -231,7 +231,8 @@ def test_build_without_tensorrt_llm_writes_bundle_and_says_so(ckpt, tmp_path, no
     assert data["backend"] == "trtllm" and data["trtllm"]["validated"] is False
     assert (data["trtllm"]["trtllm_version"], data["trtllm"]["tree"]) == ("1.2", "chain")
     lines = result.stderr.strip().splitlines()
-    assert lines[0].startswith("Warning: TensorRT-LLM 1.2.x (the stable line) runs EAGLE-3 as a chain of "
+    assert lines[0].startswith("Warning: TensorRT-LLM 1.2 (1.2.0rc7 to 1.2.x, the stable line; and 1.3.0 rcs before rc10) runs EAGLE-3 "
+                               "as a chain of "
                                "max_draft_len = draft_length (4) tokens per step")
     assert lines[-1].startswith("Not validated on TensorRT-LLM: TensorRT-LLM is not installed")
     assert (tmp_path / "e" / "serve.sh").is_file()

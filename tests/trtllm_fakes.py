@@ -206,20 +206,98 @@ class _Strict:
 class Eagle3DecodingConfig(_Strict): pass
 class DraftTargetDecodingConfig(_Strict): pass
 class KvCacheConfig(_Strict): pass
+from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+'''
+# The YAML path of trtllm-serve, as TensorRT-LLM's llmapi/llm_args.py has it: update_llm_args_with_extra_options reads
+# the file, DecodingBaseConfig.from_dict dispatches speculative_config on decoding_type (a release before the
+# Eagle3 floor knows "Eagle" and "DraftTarget" instead, and raises "Invalid decoding type"), the YAML wins over
+# the command line's arguments, and LLM(...) validates everything as TorchLlmArgs (unknown fields refused).
+FAKE_LLM_ARGS = '''import yaml
+from tensorrt_llm import ALLOWED, DECODING_TYPES
 class TorchLlmArgs:
     model_fields = dict.fromkeys(ALLOWED["TorchLlmArgs"])
+    def __init__(self, **kw):
+        bad = set(kw) - set(self.model_fields)
+        if bad: raise ValueError(f"TorchLlmArgs: extra inputs are not permitted: {{sorted(bad)}}")
+def _decoding_config(data):
+    from tensorrt_llm import llmapi
+    data = dict(data)
+    name = DECODING_TYPES.get(data.get("decoding_type"))
+    if name is None:
+        raise ValueError(f"Invalid decoding type: {{data.get('decoding_type')}}")
+    return getattr(llmapi, name)(**data)
+def update_llm_args_with_extra_options(llm_args, extra_llm_api_options):
+    with open(extra_llm_api_options) as f:
+        extra = yaml.safe_load(f)
+    if "speculative_config" in extra:
+        extra["speculative_config"] = _decoding_config(extra["speculative_config"])
+    if "kv_cache_config" in extra:
+        from tensorrt_llm import llmapi
+        extra["kv_cache_config"] = llmapi.KvCacheConfig(**extra["kv_cache_config"])
+    return llm_args | extra
+'''
+# trtllm-serve MODEL --tokenizer DIR --backend pytorch --host H --port P --extra_llm_api_options YAML: reads the YAML
+# the way the real one does (the fake llm_args above; a rejection exits 1 with the reason), then answers /health and
+# /v1/completions for the model named after MODEL's directory until it is stopped.
+FAKE_SERVE = '''#!{python}
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+args = sys.argv[1:]
+opt = lambda name: args[args.index(name) + 1]
+from tensorrt_llm.llmapi.llm_args import TorchLlmArgs, update_llm_args_with_extra_options
+try:
+    merged = update_llm_args_with_extra_options({{"model": args[0], "tokenizer": opt("--tokenizer")}},
+                                                opt("--extra_llm_api_options"))
+    TorchLlmArgs(**merged)
+    assert os.path.isdir(merged["speculative_config"].speculative_model), "draft dir not found"
+except Exception as exc:
+    print(f"trtllm-serve: {{type(exc).__name__}}: {{exc}}", file=sys.stderr)
+    sys.exit(1)
+name = os.path.basename(args[0])
+class Handler(BaseHTTPRequestHandler):
+    def _reply(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self):
+        self._reply(200, {{}}) if self.path == "/health" else self._reply(404, {{"error": self.path}})
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path != "/v1/completions" or body.get("model") != name:
+            return self._reply(404, {{"error": f"no model {{body.get('model')}}"}})
+        self._reply(200, {{"model": name, "choices": [{{"index": 0, "text": " Paris"}}]}})
+    def log_message(self, *a): pass
+HTTPServer((opt("--host"), int(opt("--port"))), Handler).serve_forever()
 '''
 
 
-def write_fake_packages(tmp_path: Path, line: str, gpu: bool = True) -> Path:
+def write_fake_packages(tmp_path: Path, line: str, gpu: bool = True, version: str | None = None) -> Path:
     """A dir for PYTHONPATH: a tensorrt_llm of `line` (strict configs, an LLM that echoes fixed tokens; FAKE_DIFFER
-    makes speculative output differ) and a torch that reports a GPU (or none)."""
-    fake = tmp_path / f"fake-{line.replace('+', '')}-{gpu}"
-    (fake / "tensorrt_llm").mkdir(parents=True)
+    makes speculative output differ; the trtllm-serve YAML path) and a torch that reports a GPU (or none); and
+    <dir>/bin/trtllm-serve. `version`: the release it reports (default VERSIONS[line]); one below the Eagle3 floor
+    parses decoding_type Eagle / DraftTarget only, as such releases do."""
+    from eagle_trt.engine.trtllm_lines import EAGLE3_FLOOR, parse_release
+
+    version = version or VERSIONS[line]
+    fake = tmp_path / f"fake-{line.replace('+', '')}-{gpu}-{version}"
+    (fake / "tensorrt_llm" / "llmapi").mkdir(parents=True)
     (fake / "torch").mkdir()
+    (fake / "bin").mkdir()
     (fake / "torch" / "__init__.py").write_text(FAKE_TORCH.format(gpu=gpu))
     fields = {cls: line_fields(line, cls) for cls in ("Eagle3DecodingConfig", "DraftTargetDecodingConfig",
                                                       "TorchLlmArgs")}
-    (fake / "tensorrt_llm" / "__init__.py").write_text(FAKE_TRTLLM.format(version=VERSIONS[line], fields=repr(fields)))
-    (fake / "tensorrt_llm" / "llmapi.py").write_text(FAKE_LLMAPI.format())
+    if parse_release(version) >= EAGLE3_FLOOR:
+        types_ = {"Eagle3": "Eagle3DecodingConfig", "Draft_Target": "DraftTargetDecodingConfig"}
+    else:
+        types_ = {"Eagle": "Eagle3DecodingConfig", "DraftTarget": "DraftTargetDecodingConfig"}
+    init = FAKE_TRTLLM.format(version=version, fields=repr(fields)) + f"DECODING_TYPES = {types_!r}\n"
+    (fake / "tensorrt_llm" / "__init__.py").write_text(init)
+    (fake / "tensorrt_llm" / "llmapi" / "__init__.py").write_text(FAKE_LLMAPI.format())
+    (fake / "tensorrt_llm" / "llmapi" / "llm_args.py").write_text(FAKE_LLM_ARGS.format())
+    import sys
+
+    (fake / "bin" / "trtllm-serve").write_text(FAKE_SERVE.format(python=sys.executable))
+    (fake / "bin" / "trtllm-serve").chmod(0o755)
     return fake

@@ -106,6 +106,16 @@ class EagleConfig(TreeSettings):
     max_batch_size: int = Field(1, ge=1, description="Largest batch the engine accepts.")
     max_input_len: int = Field(2048, ge=1, description="Longest prompt in tokens.")
     max_output_len: int = Field(512, ge=1, description="Most tokens generated per request.")
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64,
+        description="GPUs each layer of the target and draft is split across (backend trtllm: TensorRT-LLM's "
+        "tensor_parallel_size; it must divide the attention heads). The torch engine runs on one device: 1.",
+    )
+    pipeline_parallel_size: int = Field(
+        1, ge=1, le=64,
+        description="Stages the target's layers are split into, one GPU group each (backend trtllm: TensorRT-LLM's "
+        "pipeline_parallel_size; at most the number of layers). GPUs used: tensor x pipeline. The torch engine: 1.",
+    )
 
     @field_validator("name")
     @classmethod

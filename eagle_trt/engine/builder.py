@@ -41,7 +41,7 @@ from eagle_trt.engine.manifest import (
     library_versions,
     write_manifest,
 )
-from eagle_trt.errors import InputError, MissingDependencyError
+from eagle_trt.errors import ConfigError, InputError, MissingDependencyError
 from eagle_trt.staging import check_apart, staged_dir, swap_into_place, sweep_stale
 
 __all__ = ["BuildSummary", "build_engine", "inspect_checkpoint"]
@@ -109,6 +109,7 @@ def build_engine(
     plan = inspect_checkpoint(cfg, ckpt)
     if cfg.backend == "trtllm":
         warnings = trtllm_bundle.check_trtllm_head(cfg, plan.head_kind) + warnings
+        warnings += trtllm_bundle.check_trtllm_parallel(cfg, plan.target_config, plan.engine_draft_config)
     resolved = cfg.model_copy(
         update={
             "checkpoint_dir": str(ckpt),
@@ -164,6 +165,11 @@ def check_backend(cfg: EagleConfig) -> list[str]:
     """What the config's backend cannot do is an error here, before any file is read; returns warnings."""
     if cfg.backend == "trtllm":
         return trtllm_bundle.check_trtllm_config(cfg)
+    if cfg.tensor_parallel_size * cfg.pipeline_parallel_size > 1:
+        raise ConfigError(
+            f"tensor_parallel_size {cfg.tensor_parallel_size} x pipeline_parallel_size {cfg.pipeline_parallel_size}: "
+            "the torch engine runs on one device; set both to 1, or build with --backend trtllm to split across GPUs"
+        )
     if cfg.resolved_kv_cache_dtype == "fp8":
         import torch
 
@@ -233,7 +239,9 @@ def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path, max_shard_
         shutil.copyfile(plan.kv_scales, root / KV_SCALES_NAME)
     if plan.datastore is not None and not trt:  # TensorRT-LLM drafts with the head alone
         write_indexed(plan.datastore, root / "draft" / plan.datastore.name, plan.target_info["vocab_size"])
-    (root / "eagle_config.yaml").write_text(dump_config(cfg), encoding="utf-8")
+    # The engine dir is the deployable artifact: no path of the build machine (the checkpoint's) goes in it.
+    (root / "eagle_config.yaml").write_text(dump_config(cfg.model_copy(update={"checkpoint_dir": None})),
+                                            encoding="utf-8")
     if trt:
         trtllm_bundle.write_bundle(cfg, plan.head_kind, plan.draft_info["aux_layer_ids"], plan.target_config,
                                    plan.engine_draft_config, root)  # fmt: skip

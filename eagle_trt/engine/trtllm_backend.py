@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from eagle_trt.engine.trtllm_bundle import LEGACY_DIR, OPTIONS_NAME, read_meta
-from eagle_trt.engine.trtllm_lines import line_for
+from eagle_trt.engine.trtllm_lines import line_for, refusal
 from eagle_trt.errors import EagleError, InputError, MissingDependencyError
 
 # The LLM API's config class for each decoding_type a bundle writes (tensorrt_llm.llmapi, both lines).
@@ -99,7 +99,7 @@ def line_mismatch(root: Path, version: str | None = None) -> str | None:
     version = version or installed_version()
     want, have = bundle_line(root), line_for(version)
     if have is None:
-        return f"TensorRT-LLM {version} is older than 1.2, the oldest line eagle-trt writes bundles for"
+        return refusal(version)
     if have.name != want:
         return (f"the bundle is for TensorRT-LLM {want} but {version} (line {have.name}) is installed: "
                 f"rebuild it with --trtllm-version {have.name}")  # fmt: skip

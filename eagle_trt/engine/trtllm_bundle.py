@@ -33,7 +33,7 @@ import yaml
 
 from eagle_trt import __version__
 from eagle_trt.engine import trtllm_hf_files, trtllm_scripts
-from eagle_trt.engine.trtllm_lines import LINES, Line
+from eagle_trt.engine.trtllm_lines import LINES, Line, accepted_releases
 from eagle_trt.errors import ConfigError
 
 OPTIONS_NAME = trtllm_scripts.OPTIONS_NAME
@@ -114,11 +114,35 @@ def check_trtllm_head(cfg, head_kind: str) -> list[str]:
     return []
 
 
+def check_trtllm_parallel(cfg, target: dict, draft: dict | None) -> list[str]:
+    """Raise ConfigError for a tensor / pipeline split TensorRT-LLM cannot make of these models; returns warnings.
+    Tensor parallelism splits every attention layer by heads (target and draft alike, one mapping for both) and
+    replicates KV heads when there are fewer than GPUs, so the heads must divide evenly; pipeline parallelism gives
+    each stage at least one of the target's layers."""
+    tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
+    for which, conf in (("target", target), ("draft", draft or {})):
+        heads = int(conf.get("num_attention_heads") or 0)
+        kv = int(conf.get("num_key_value_heads") or heads)
+        if heads and heads % tp:
+            raise ConfigError(f"tensor_parallel_size {tp} does not divide the {which}'s num_attention_heads ({heads}): "
+                              f"use a divisor of {heads}")  # fmt: skip
+        if kv and kv % tp and tp % kv:
+            raise ConfigError(f"tensor_parallel_size {tp} and the {which}'s num_key_value_heads ({kv}) do not divide "
+                              "one another: TensorRT-LLM splits or replicates KV heads evenly")  # fmt: skip
+    layers = int(target.get("num_hidden_layers") or 0)
+    if layers and pp > layers:
+        raise ConfigError(f"pipeline_parallel_size {pp} exceeds the target's {layers} layers: each stage needs one")
+    if tp * pp > 1 and cfg.max_batch_size == 1:
+        return [f"{tp * pp} GPUs (tensor {tp} x pipeline {pp}) serving max_batch_size 1: one request at a time; "
+                "raise max_batch_size for a served bundle (see docs/trtllm.md, Deploying on several GPUs)"]
+    return []
+
+
 def _eagle3_tree_rules(cfg, line: Line) -> list[str]:
     if cfg.tree == "static" and line.runs_trees:
         raise ConfigError(
-            f'tree static: {line.releases} have no static trees (eagle_choices was removed); use tree: dynamic '
-            'or chain, or build for trtllm_version "1.2", which runs a chain'
+            f'tree static: {line.releases} do not all have static trees (eagle_choices is gone by 1.4.0rc1); use '
+            'tree: dynamic or chain, or build for trtllm_version "1.2", which runs a chain'
         )
     if runs_tree(cfg) and cfg.total_tokens > cfg.beam_width * cfg.draft_length:
         raise ConfigError(
@@ -158,6 +182,9 @@ def llm_api_options(cfg, aux_layer_ids: list[int], head_kind: str = "eagle3") ->
     tree_tokens = spec.get("max_total_draft_tokens", spec["max_draft_len"])
     return {
         "max_batch_size": cfg.max_batch_size,
+        # GPUs: tensor x pipeline; trtllm-serve starts one worker per GPU on this node (check_trtllm_parallel).
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "pipeline_parallel_size": cfg.pipeline_parallel_size,
         "max_input_len": cfg.max_input_len,
         "max_seq_len": cfg.max_input_len + cfg.max_output_len,
         # A whole prompt in one step, and a full batch of trees (+ the root token each) per step.
@@ -179,6 +206,9 @@ def bundle_meta(cfg, options: dict) -> dict:
         "tree": "dynamic" if spec.get("use_dynamic_tree") else "chain", "max_draft_len": spec["max_draft_len"],
         "max_total_draft_tokens": spec.get("max_total_draft_tokens", spec["max_draft_len"]),
         "served_model_name": cfg.name, "transformers_pin": line.transformers_pin,
+        # The releases of each line (from inclusive, before exclusive): validate.py tells the installed one's line.
+        "lines": accepted_releases(),
+        "tensor_parallel_size": options["tensor_parallel_size"], "pipeline_parallel_size": options["pipeline_parallel_size"],
     }  # fmt: skip
 
 
@@ -204,7 +234,9 @@ def legacy_checkpoint_config(cfg, target: dict, draft: dict) -> dict:
             "max_position_embeddings": c.get("max_position_embeddings") or target["max_position_embeddings"],
             "hidden_act": c.get("hidden_act", "silu"), "rotary_base": float(c.get("rope_theta", 10000.0)),
             "rotary_scaling": c.get("rope_scaling"), "norm_epsilon": float(c.get("rms_norm_eps", 1e-6)),
-            "quantization": dict(quant), "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
+            "quantization": dict(quant),
+            "mapping": {"world_size": cfg.tensor_parallel_size * cfg.pipeline_parallel_size,
+                        "tp_size": cfg.tensor_parallel_size, "pp_size": cfg.pipeline_parallel_size},
         }  # fmt: skip
 
     out = llama(target, "EagleForCausalLM")
@@ -277,7 +309,8 @@ _CD = 'cd "$(dirname "${BASH_SOURCE[0]}")"  # every path below is relative to th
 
 def _legacy_script(cfg) -> str:
     args = ["--model_dir", "../target", "--eagle_model_dir", "../draft", "--output_dir", "ckpt", "--dtype", cfg.dtype,
-            "--max_draft_len", str(cfg.total_tokens), "--num_eagle_layers", str(cfg.draft_length)]  # fmt: skip
+            "--max_draft_len", str(cfg.total_tokens), "--num_eagle_layers", str(cfg.draft_length),
+            "--tp_size", str(cfg.tensor_parallel_size), "--pp_size", str(cfg.pipeline_parallel_size)]  # fmt: skip
     convert_text = 'python3 "$TRTLLM_EXAMPLES/eagle/convert_checkpoint.py" ' + shlex.join(args)
     return f"""# EAGLE-1/2 head -> TensorRT engine (TensorRT-LLM's legacy flow; its PyTorch backend runs EAGLE-3 only).
 # 1. TensorRT-LLM's examples/eagle/convert_checkpoint.py writes the weights (set TRTLLM_EXAMPLES to

@@ -56,20 +56,43 @@ def require_tensorrt_llm():
     return tensorrt_llm
 
 
-def installed_line(version: str) -> str | None:
-    match = re.match(r"(\d+)\.(\d+)", version or "")
+_RELEASE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:rc(\d+))?(?:\.post\d+)?(?:\.dev\d+)?(?:\+[\w.]+)?$")
+
+
+def release_key(version: str | None):
+    """(major, minor, patch, (0, rc) or (1, 0) for a final release), or None; .postN / .devN read as their release
+    (eagle_trt.engine.trtllm_lines.parse_release, which a test keeps this equal to)."""
+    match = _RELEASE.match((version or "").strip())
     if not match:
         return None
-    key = (int(match.group(1)), int(match.group(2)))
-    return "1.3+" if key >= (1, 3) else "1.2" if key >= (1, 2) else None
+    major, minor, patch, rc = match.groups()
+    return int(major), int(minor), int(patch or 0), (0, int(rc)) if rc is not None else (1, 0)
 
 
-def check_line(bundle_line: str, version: str) -> None:
-    have = installed_line(version)
-    if have != bundle_line:
-        fix = (f"rebuild it with `eagle-trt build --trtllm-version {have}`" if have
-               else "install TensorRT-LLM 1.2 or newer")  # fmt: skip
-        raise Exit(2, f"this bundle is for TensorRT-LLM {bundle_line} but {version} is installed: {fix}")
+def installed_line(version: str, lines: dict) -> str | None:
+    """The line whose range (trtllm.json "lines": from inclusive, before exclusive) holds this release."""
+    have = release_key(version)
+    if have is None:
+        return None
+    for name, span in lines.items():
+        before = release_key(span["before"]) if span.get("before") else None
+        if release_key(span["from"]) <= have and (before is None or have < before):
+            return name
+    return None
+
+
+def check_line(meta: dict, version: str) -> None:
+    bundle_line, lines = meta["trtllm_version"], meta.get("lines") or {}
+    have = installed_line(version, lines)
+    if have == bundle_line:
+        return
+    if have:
+        fix = f"rebuild it with `eagle-trt build --trtllm-version {have}`"
+    else:
+        oldest = min((span["from"] for span in lines.values()), key=release_key, default="1.2.0rc7")
+        fix = (f"it reads decoding_type Eagle3 / Draft_Target, which TensorRT-LLM has from {oldest}: install that "
+               "or newer")  # fmt: skip
+    raise Exit(2, f"this bundle is for TensorRT-LLM {bundle_line} but {version} is installed: {fix}")
 
 
 def llm_kwargs(options: dict, speculative: bool) -> dict:
@@ -116,7 +139,7 @@ def run(args) -> dict:
     meta = json.loads((HERE / "trtllm.json").read_text(encoding="utf-8"))
     options = yaml.safe_load((HERE / OPTIONS).read_text(encoding="utf-8"))
     version = str(getattr(trt, "__version__", "?"))
-    check_line(meta["trtllm_version"], version)
+    check_line(meta, version)
     import torch
 
     print(f"TensorRT-LLM {version}, bundle for line {meta['trtllm_version']} ({meta['tree']}), "
