@@ -6,6 +6,12 @@ stops at any of them, as transformers' `generate` does with its generation confi
 
     eos_token_ids(config.eos_token_id, generation_config.eos_token_id, tokenizer.eos_token_id)
     eos_from_files("engines/x/target", "engines/x/tokenizer")
+
+`convert` writes generation_config.json with all of them (`generation_eos`), so the three files agree; `build`
+warns where a checkpoint's tokenizer names an end token that neither config file ends on (`disagreement`).
+
+    >>> generation_eos(2, [2], 7), generation_eos(2, None, None)
+    ([2, 7], 2)
 """
 
 from __future__ import annotations
@@ -57,3 +63,25 @@ def eos_from_files(*dirs: str | Path, tokenizer=None) -> list[int]:
         if tokenizer is None:
             values.append(_tokenizer_eos(d))
     return eos_token_ids(*values)
+
+
+def generation_eos(*values) -> int | list[int] | None:
+    """generation_config.json's eos_token_id for these end tokens: one int, a sorted list when several, or None."""
+    ids = eos_token_ids(*values)
+    return None if not ids else ids[0] if len(ids) == 1 else ids
+
+
+def disagreement(directory: str | Path) -> str | None:
+    """Why a model dir's tokenizer and its config files name different end tokens (one line), or None when the
+    tokenizer's eos_token is one config.json or generation_config.json ends on (or either side names none)."""
+    directory = Path(directory)
+    named = _tokenizer_eos(directory)
+    configs = eos_token_ids(_json(directory / "config.json").get("eos_token_id"),
+                            _json(directory / "generation_config.json").get("eos_token_id"))
+    if named is None or not configs or named in configs:
+        return None
+    token = _json(directory / "tokenizer_config.json").get("eos_token")
+    token = token.get("content") if isinstance(token, dict) else token
+    return (f"{directory / 'tokenizer_config.json'} names eos_token {token!r} (id {named}), but config.json / "
+            f"generation_config.json end on {configs}: generation also stops at {named}; re-run `eagle-trt convert` "
+            "(it writes the model's own end tokens) or fix eos_token there")

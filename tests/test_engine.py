@@ -40,7 +40,9 @@ def test_build_layout_and_manifest(cfg, ckpt, tmp_path):
     for rel, entry in m["files"].items():
         assert entry == {"sha256": sha256_file(root / rel), "bytes": (root / rel).stat().st_size}
     resolved = load_config(root / "eagle_config.yaml")
-    assert resolved.checkpoint_dir == str(ckpt) and resolved.kv_cache_dtype == "float32"
+    # A deployable artifact: no path of the build machine in it (the checkpoint's included).
+    assert resolved.checkpoint_dir is None and resolved.kv_cache_dtype == "float32"
+    assert not [p for p in root.rglob("*") if p.is_file() and str(ckpt).encode() in p.read_bytes()]
     assert resolved.eagle_architecture == EagleArchitecture(
         hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=1, max_position_embeddings=1024
     )

@@ -68,3 +68,84 @@ def test_bench_hf_baselines_stop_at_the_same_tokens(stop_token_engine):
     assert expected[-1] in session.runner.eos_token_ids
     methods = build_methods(session, ["hf", "ar"])
     assert all(expected[-1] in m.eos for m in methods if m.name == "hf")
+
+
+# ---- what convert writes: the files agree on the model's own end tokens -------------------------------------------
+
+def _gguf_with_specials(path, bos: int, eos: int):
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch="llama")
+    writer.add_bos_token_id(bos)
+    writer.add_eos_token_id(eos)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_gguf_tokenizer_takes_the_end_token_the_file_declares(tmp_path):
+    """transformers' GGUF conversion of a BPE vocabulary builds eos_token from the bos id (SmolLM2: <|im_start|>
+    instead of <|im_end|>); convert sets both from the GGUF's own tokenizer.ggml.{bos,eos}_token_id."""
+    from make_tiny_model import make_tokenizer
+
+    from eagle_trt.convert.load_target import gguf_special_ids, with_special_tokens
+
+    ids = gguf_special_ids(_gguf_with_specials(tmp_path / "m.gguf", bos=256, eos=257))
+    assert ids == {"bos_token": 256, "eos_token": 257}
+    tok = make_tokenizer()
+    tok.eos_token = tok.bos_token  # what the conversion hands back
+    assert tok.eos_token_id == 256
+    fixed = with_special_tokens(tok, ids)
+    assert (fixed.bos_token_id, fixed.eos_token_id, fixed.eos_token) == (256, 257, "</s>")
+    fixed.save_pretrained(tmp_path / "tok")
+    assert json.loads((tmp_path / "tok" / "tokenizer_config.json").read_text())["eos_token"] == "</s>"
+    assert with_special_tokens(make_tokenizer(), {"eos_token": 10**6}).eos_token == "</s>"  # out of vocabulary: kept
+
+
+def test_convert_writes_every_end_token_into_generation_config(tiny_model_dir, tmp_path):
+    from make_tiny_model import make_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from eagle_trt.convert.export import write_target
+    from eagle_trt.eos import disagreement
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = make_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_end|>"]})
+    tok.eos_token = "<|im_end|>"  # an instruct tokenizer ending on its end-of-turn token
+    model.config.eos_token_id = model.generation_config.eos_token_id = 257
+    write_target(model, tok, tmp_path / "target")
+    gen = json.loads((tmp_path / "target" / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == sorted({257, tok.eos_token_id})
+    assert eos_from_files(tmp_path / "target") == gen["eos_token_id"]
+    assert disagreement(tmp_path / "target") is None
+
+
+def test_build_names_a_tokenizer_end_token_the_configs_lack(tmp_path):
+    from eagle_trt.eos import disagreement
+
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 2}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_start|>"}))
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": [{"id": 1, "content": "<|im_start|>"},
+                                                                          {"id": 2, "content": "<|im_end|>"}]}))
+    assert disagreement(tmp_path) == (
+        f"{tmp_path / 'tokenizer_config.json'} names eos_token '<|im_start|>' (id 1), but config.json / "
+        "generation_config.json end on [2]: generation also stops at 1; re-run `eagle-trt convert` (it writes the "
+        "model's own end tokens) or fix eos_token there")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
+    assert disagreement(tmp_path) is None
+
+
+def test_smollm2_gguf_ends_on_im_end():
+    from pathlib import Path
+
+    from eagle_trt.convert.load_target import load_tokenizer
+
+    gguf = Path(__file__).resolve().parents[1] / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not gguf.is_file():
+        pytest.skip(f"{gguf} not found (make model)")
+    tok = load_tokenizer(gguf)
+    assert (tok.eos_token, tok.eos_token_id, tok.bos_token, tok.bos_token_id) == ("<|im_end|>", 2, "<|im_start|>", 1)

@@ -26,6 +26,7 @@ import json
 import os
 from pathlib import Path
 
+from eagle_trt.eos import generation_eos
 from eagle_trt.errors import InputError
 from eagle_trt.staging import staged_dir, swap_into_place, sweep_stale
 
@@ -87,6 +88,10 @@ def write_target(model, tokenizer, target_dir: Path, max_shard_bytes: int = DEFA
     if hasattr(model, "eagle_module"):
         # save_pretrained would store eagle_module.* weights and an "EagleLlamaForCausalLM" class.
         raise ValueError("write_target needs the plain target: call it before attach_eagle3")
+    generation = getattr(model, "generation_config", None)
+    if generation is not None:  # every end token in one place: config.json's, generation_config's, the tokenizer's
+        generation.eos_token_id = generation_eos(_target_config(model).eos_token_id, generation.eos_token_id,
+                                                 tokenizer.eos_token_id)  # fmt: skip
     model.save_pretrained(target_dir, max_shard_size=max_shard_bytes)
     tokenizer.save_pretrained(target_dir)
 

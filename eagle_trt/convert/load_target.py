@@ -169,9 +169,38 @@ def _tokenizer(path: Path, fmt: str, source: str, extra: dict):
 
     try:
         tok_extra = {"gguf_file": extra["gguf_file"]} if fmt == "gguf" else {}
-        return AutoTokenizer.from_pretrained(source, local_files_only=True, trust_remote_code=False, **tok_extra)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, trust_remote_code=False, **tok_extra)
     except Exception as e:
         raise _wrap_load_error("tokenizer", path, e) from e
+    return with_special_tokens(tokenizer, gguf_special_ids(path)) if fmt == "gguf" else tokenizer
+
+
+# GGUF metadata keys of the special tokens, and the tokenizer attribute each sets.
+_GGUF_SPECIALS = {"tokenizer.ggml.bos_token_id": "bos_token", "tokenizer.ggml.eos_token_id": "eos_token"}
+
+
+def gguf_special_ids(path: Path) -> dict[str, int]:
+    """The bos / eos token ids a GGUF file's own metadata declares ({'bos_token': 1, 'eos_token': 2}); absent
+    keys are left out. These are the model's: transformers' GGUF tokenizer conversion (BPE vocabularies) builds
+    both tokens from the bos id, so a SmolLM2 GGUF (eos 2, <|im_end|>) would otherwise end on <|im_start|>."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    out = {}
+    for key, attr in _GGUF_SPECIALS.items():
+        field = reader.get_field(key)
+        value = field.contents() if field is not None else None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            out[attr] = value
+    return out
+
+
+def with_special_tokens(tokenizer, ids: dict[str, int]):
+    """The tokenizer with each named special token set to the token of that id (when the id is in its vocabulary)."""
+    for attr, token_id in ids.items():
+        if token_id < len(tokenizer) and getattr(tokenizer, f"{attr}_id", None) != token_id:
+            setattr(tokenizer, attr, tokenizer.convert_ids_to_tokens(token_id))
+    return tokenizer
 
 
 def load_target(model_path: str | Path):

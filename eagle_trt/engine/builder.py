@@ -41,6 +41,7 @@ from eagle_trt.engine.manifest import (
     library_versions,
     write_manifest,
 )
+from eagle_trt.eos import disagreement
 from eagle_trt.errors import ConfigError, InputError, MissingDependencyError
 from eagle_trt.staging import check_apart, staged_dir, swap_into_place, sweep_stale
 
@@ -107,6 +108,8 @@ def build_engine(
     cfg = cfg.with_dtype(bf16_is_fast)
     warnings = check_backend(cfg)
     plan = inspect_checkpoint(cfg, ckpt)
+    eos_warning = disagreement(ckpt / "target")
+    warnings = warnings + ([eos_warning] if eos_warning else [])
     if cfg.backend == "trtllm":
         warnings = trtllm_bundle.check_trtllm_head(cfg, plan.head_kind) + warnings
         warnings += trtllm_bundle.check_trtllm_parallel(cfg, plan.target_config, plan.engine_draft_config)
