@@ -21,8 +21,9 @@ def build(
         help="torch or trtllm (overrides backend in the config). trtllm also writes extra_llm_api_options.yaml, "
         "serve.sh and bench.sh for TensorRT-LLM, and validates them where TensorRT-LLM and a GPU exist.")] = None,
     trtllm_version: Annotated[Optional[str], typer.Option(
-        "--trtllm-version", help='TensorRT-LLM release line the trtllm bundle is for: 1.2 (stable; EAGLE-3 runs a '
-        'chain) or 1.3+ (1.3 release candidates, 1.4, main; dynamic trees). Overrides trtllm_version; default 1.3+.')] = None,
+        "--trtllm-version", help='TensorRT-LLM release line the trtllm bundle is for: 1.2 (1.2.0rc7 to 1.2.x and '
+        '1.3 rcs before rc10; EAGLE-3 runs a chain) or 1.3+ (1.3.0rc10 and later, 1.4, main; dynamic trees). '
+        'Overrides trtllm_version; default 1.3+.')] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check everything (paths, head vs target shapes, "
                                           "dtypes and tree limits of the backend); write nothing.")] = False,
     max_shard_size: MaxShardOpt = DEFAULT_SHARD_SIZE,

@@ -77,10 +77,10 @@ class EagleConfig(TreeSettings):
     backend: Literal["torch", "trtllm"] = Field("torch", description="Runtime that executes the engine.")
     trtllm_version: Literal["1.2", "1.3+"] = Field(
         "1.3+",
-        description='TensorRT-LLM release line a trtllm bundle is written for (backend trtllm only): "1.2" (1.2.x, '
-        "the stable line; its EAGLE-3 runs a chain of draft_length tokens, no trees) or \"1.3+\" (1.3 release "
-        "candidates, 1.4 and main: chain or dynamic tree). The bundle holds only fields that line defines. A quoted "
-        "string in YAML.",
+        description='TensorRT-LLM release line a trtllm bundle is written for (backend trtllm only): "1.2" '
+        "(1.2.0rc7 to 1.2.x, the stable line, and 1.3 rcs before rc10; its EAGLE-3 runs a chain of draft_length "
+        "tokens, no trees) or \"1.3+\" (1.3.0rc10 and later, 1.4 and main: chain or dynamic tree). The bundle holds "
+        "only fields that line defines. A quoted string in YAML.",
     )
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto",
