@@ -4,12 +4,24 @@
     python scripts/extract_trtllm_contract.py --source ~/src/trtllm-1.2.1 --line 1.2 --ref v1.2.1 \
         --out tests/fixtures/trtllm_contract_1.2.json
 
+The repository is large; the three files below are all it reads, so a dir holding just them at their paths,
+fetched at a tag, does as well (`--commit` then records the tag's commit, which `git ls-remote` prints):
+
+    for f in tensorrt_llm/llmapi/llm_args.py tensorrt_llm/_torch/models/modeling_speculative.py \
+             tensorrt_llm/commands/serve.py; do
+        curl -fsSL --create-dirs -o ~/src/trtllm-1.2.1/$f https://raw.githubusercontent.com/NVIDIA/TensorRT-LLM/v1.2.1/$f
+    done
+    python scripts/extract_trtllm_contract.py --source ~/src/trtllm-1.2.1 --line 1.2 --ref v1.2.1 \
+        --commit "$(git ls-remote https://github.com/NVIDIA/TensorRT-LLM 'refs/tags/v1.2.1^{}' | cut -f1)" \
+        --out tests/fixtures/trtllm_contract_1.2.json
+
 Reads three files with Python's ast (nothing is imported or executed):
 
   tensorrt_llm/llmapi/llm_args.py                    pydantic fields of Eagle3DecodingConfig,
                                                      DraftTargetDecodingConfig, KvCacheConfig and TorchLlmArgs,
                                                      inherited ones included; validation aliases;
-                                                     whether unknown fields are forbidden; the decoding_type tag
+                                                     whether unknown fields are forbidden; the decoding_type tag;
+                                                     and the decoding_type values the YAML path accepts
   tensorrt_llm/_torch/models/modeling_speculative.py the EAGLE-3 draft's module names (the weight-name prefixes
                                                      its loader reads) and whether it maps `layers.N.*` names
   tensorrt_llm/commands/serve.py                     the options of `trtllm-serve serve`
@@ -112,6 +124,28 @@ def resolve(classes: dict, name: str) -> dict:
             "complete": True}
 
 
+def parse_decoding_types(source: str) -> list[str]:
+    """The speculative_config.decoding_type values the YAML / trtllm-serve path accepts. Releases before the Literal
+    tags dispatch in DecodingBaseConfig.from_dict over a dict literal of names; later ones take the decoding_type
+    tags of DecodingBaseConfig's subclasses."""
+    tree = ast.parse(source)
+    by_name = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    base = by_name.get("DecodingBaseConfig")
+    from_dict = next((n for n in base.body if isinstance(n, ast.FunctionDef) and n.name == "from_dict"), None) \
+        if base else None
+    for node in ast.walk(from_dict) if from_dict else []:
+        if isinstance(node, ast.Dict) and node.keys and all(isinstance(k, ast.Constant) for k in node.keys):
+            return sorted(k.value for k in node.keys)
+    classes = parse_models(source)
+
+    def derives(name: str) -> bool:
+        bases = classes.get(name, {}).get("bases", [])
+        return "DecodingBaseConfig" in bases or any(derives(b) for b in bases if b in classes)
+
+    return sorted({info["tags"]["decoding_type"] for name, info in classes.items()
+                   if derives(name) and "decoding_type" in info["tags"]})  # fmt: skip
+
+
 def _self_attrs(cls: ast.ClassDef) -> list[str]:
     init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
     names = []
@@ -151,7 +185,8 @@ def parse_serve_options(source: str) -> list[str]:
 def extract(root: Path) -> dict:
     llm_args = (root / LLM_ARGS).read_text(encoding="utf-8")
     classes = parse_models(llm_args)
-    out = {"classes": {name: resolve(classes, name) for name in CLASSES if name in classes}}
+    out = {"classes": {name: resolve(classes, name) for name in CLASSES if name in classes},
+           "decoding_types": parse_decoding_types(llm_args)}  # fmt: skip
     if (root / SPECULATIVE).is_file():
         out["draft_checkpoint"] = parse_draft((root / SPECULATIVE).read_text(encoding="utf-8"))
     if (root / SERVE).is_file():
@@ -174,13 +209,19 @@ def main(argv=None) -> int:
     ap.add_argument("--source", type=Path, required=True, help="a TensorRT-LLM source checkout")
     ap.add_argument("--line", required=True, help="the eagle-trt line this checkout belongs to (1.2 or 1.3+)")
     ap.add_argument("--ref", required=True, help="the tag or branch checked out, e.g. v1.2.1")
+    ap.add_argument("--commit", help="the commit of --ref (default: git rev-parse HEAD in --source, when it is a "
+                    "checkout)")
     ap.add_argument("--out", type=Path, help="fixture to write (default: print)")
     args = ap.parse_args(argv)
     if not (args.source / LLM_ARGS).is_file():
         print(f"error: {args.source / LLM_ARGS} not found: --source must be a TensorRT-LLM checkout", file=sys.stderr)
         return 2
     extracted = extract(args.source)
-    extracted["source"] = {"repo": "NVIDIA/TensorRT-LLM", "ref": args.ref, "commit": _commit(args.source)}
+    commit = args.commit or _commit(args.source)
+    if commit is not None and (len(commit) != 40 or any(c not in "0123456789abcdef" for c in commit.lower())):
+        print(f"error: --commit {commit!r} is not a 40-hex-digit commit", file=sys.stderr)
+        return 2
+    extracted["source"] = {"repo": "NVIDIA/TensorRT-LLM", "ref": args.ref, "commit": commit}
     doc = json.loads(args.out.read_text(encoding="utf-8")) if args.out and args.out.is_file() else {}
     doc.update(line=args.line, extracted=extracted)
     text = json.dumps(doc, indent=2) + "\n"

@@ -105,6 +105,34 @@ def test_extracts_fields_aliases_tags_and_strictness(tmp_path):
                                        "maps_layers_prefix": True, "registered_as": ["EAGLE3LlamaForCausalLM"]}
     assert out["trtllm_serve_options"] == ["--config", "--extra_llm_api_options", "--host"]
     assert set(out["files"]) == {ex.LLM_ARGS, ex.SPECULATIVE, ex.SERVE}
+    assert out["decoding_types"] == ["Draft_Target", "Eagle", "Eagle3"]  # the Literal tags of DecodingBaseConfig's tree
+
+
+# Before PR #10124: decoding_type is no field; DecodingBaseConfig.from_dict dispatches over a dict of names.
+OLD_DISPATCH = """
+class DecodingBaseConfig(StrictBaseModel):
+    max_draft_len: Optional[int] = None
+    @classmethod
+    def from_dict(cls, data: dict):
+        config_classes = {"MTP": MTPDecodingConfig, "Eagle": EagleDecodingConfig, "DraftTarget": DraftTargetDecodingConfig}
+        return config_classes.get(data.get("decoding_type"))(**data)
+class EagleDecodingConfig(DecodingBaseConfig):
+    eagle3_one_model: Optional[bool] = True
+"""
+
+
+def test_decoding_types_of_a_release_before_the_eagle3_tag():
+    assert ex.parse_decoding_types(OLD_DISPATCH) == ["DraftTarget", "Eagle", "MTP"]
+    assert ex.parse_decoding_types("class Unrelated:\n    decoding_type: Literal['X'] = 'X'\n") == []
+
+
+def test_a_commit_given_for_single_files_is_recorded(tmp_path):
+    src = source_tree(tmp_path / "src")
+    fixture = tmp_path / "contract.json"
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    assert ex.main(["--source", str(src), "--line", "1.2", "--ref", "v1.2.1", "--commit", sha, "--out", str(fixture)]) == 0
+    assert json.loads(fixture.read_text())["extracted"]["source"]["commit"] == sha
+    assert ex.main(["--source", str(src), "--line", "1.2", "--ref", "v1.2.1", "--commit", "v1.2.1"]) == 2
 
 
 def test_rewrites_only_the_extracted_part_of_a_fixture(tmp_path):
@@ -122,7 +150,9 @@ def test_committed_fixtures_have_the_extracted_layout(tmp_path):
     produced = ex.extract(source_tree(tmp_path / "src"))
     for name in ("trtllm_contract_1.2.json", "trtllm_contract_1.3.json"):
         extracted = json.loads((REPO / "tests" / "fixtures" / name).read_text())["extracted"]
-        assert set(produced) - {"files"} <= set(extracted), name
+        # decoding_types is new in the extractor; the committed sets were read before it (by hand, see "sources"),
+        # and their floors are recorded under "version_floors".
+        assert set(produced) - {"files", "decoding_types"} <= set(extracted), name
         for cls, info in extracted["classes"].items():
             assert set(produced["classes"]["Eagle3DecodingConfig"]) == set(info), (name, cls)
         assert set(extracted["draft_checkpoint"]) == set(produced["draft_checkpoint"])
