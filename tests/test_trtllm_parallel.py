@@ -80,3 +80,21 @@ def test_the_legacy_engine_flow_gets_the_same_split(ckpt, tmp_path):
     assert conf["mapping"] == {"world_size": 4, "tp_size": 2, "pp_size": 2}
     script = (root / "legacy_trt" / "trtllm_build.sh").read_text()
     assert "--tp_size 2 --pp_size 2" in script  # examples/eagle/convert_checkpoint.py writes one shard per rank
+
+
+def test_build_flags_set_the_split_and_a_bad_one_is_one_line(ckpt, tmp_path):
+    from typer.testing import CliRunner
+
+    from eagle_trt.cli.app import app
+
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(trt_cfg(max_batch_size=8).model_dump(mode="json")))
+    base = ["build", "-c", str(cfg_path), "--checkpoint", str(ckpt), "-o", str(tmp_path / "e")]
+    ok = CliRunner().invoke(app, base + ["--tp", "2", "--pp", "2"])
+    assert ok.exit_code == 0, ok.output
+    doc = yaml.safe_load((tmp_path / "e" / "extra_llm_api_options.yaml").read_text())
+    assert (doc["tensor_parallel_size"], doc["pipeline_parallel_size"]) == (2, 2)
+    bad = CliRunner().invoke(app, base + ["--tensor-parallel-size", "3", "--dry-run"])
+    assert bad.exit_code == 2
+    assert bad.stderr.strip().splitlines()[0] == ("Error: tensor_parallel_size 3 does not divide the target's "
+                                                  "num_attention_heads (4): use a divisor of 4")

@@ -24,6 +24,12 @@ def build(
         "--trtllm-version", help='TensorRT-LLM release line the trtllm bundle is for: 1.2 (1.2.0rc7 to 1.2.x and '
         '1.3 rcs before rc10; EAGLE-3 runs a chain) or 1.3+ (1.3.0rc10 and later, 1.4, main; dynamic trees). '
         'Overrides trtllm_version; default 1.3+.')] = None,
+    tensor_parallel_size: Annotated[Optional[int], typer.Option(
+        "--tensor-parallel-size", "--tp", help="GPUs each layer is split across (backend trtllm; overrides "
+        "tensor_parallel_size). Must divide the attention heads.")] = None,
+    pipeline_parallel_size: Annotated[Optional[int], typer.Option(
+        "--pipeline-parallel-size", "--pp", help="Pipeline stages (backend trtllm; overrides pipeline_parallel_size). "
+        "GPUs used: tp x pp.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check everything (paths, head vs target shapes, "
                                           "dtypes and tree limits of the backend); write nothing.")] = False,
     max_shard_size: MaxShardOpt = DEFAULT_SHARD_SIZE,
@@ -37,13 +43,15 @@ def build(
 
     Example: eagle-trt build --config configs/eagle_config.yaml --checkpoint checkpoints/smollm2 --json
     """
-    handle_errors(_build)(config, checkpoint, output, backend, trtllm_version, dry_run, json_out, max_shard_size)
+    parallel = {"tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size}
+    handle_errors(_build)(config, checkpoint, output, backend, trtllm_version, dry_run, json_out, max_shard_size,
+                          parallel)  # fmt: skip
 
 
 build.__doc__ += "\n\n    " + EXIT_CODES_HELP  # indented like the docstring, so help dedents it
 
 
-def _build(config, checkpoint, output, backend, trtllm_version, dry_run, json_out, max_shard_size) -> None:
+def _build(config, checkpoint, output, backend, trtllm_version, dry_run, json_out, max_shard_size, parallel) -> None:
     from dataclasses import asdict
 
     from eagle_trt.config import load_config, override_config
@@ -51,6 +59,7 @@ def _build(config, checkpoint, output, backend, trtllm_version, dry_run, json_ou
 
     cfg = override_config(load_config(config), {"backend": backend}, source="--backend")
     cfg = override_config(cfg, {"trtllm_version": trtllm_version}, source="--trtllm-version")
+    cfg = override_config(cfg, parallel, source="--tensor-parallel-size / --pipeline-parallel-size")
     from eagle_trt.runtime.session import warm_runtime_layout
 
     summary = build_engine(cfg, checkpoint_dir=checkpoint, output_dir=output, dry_run=dry_run,
