@@ -219,6 +219,7 @@ class TorchLlmArgs:
     def __init__(self, **kw):
         bad = set(kw) - set(self.model_fields)
         if bad: raise ValueError(f"TorchLlmArgs: extra inputs are not permitted: {{sorted(bad)}}")
+        self.__dict__.update(kw)
 def _decoding_config(data):
     from tensorrt_llm import llmapi
     data = dict(data)
