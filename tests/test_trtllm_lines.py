@@ -65,3 +65,14 @@ def test_a_bundle_for_another_line_names_the_fix(tmp_path):
     assert trtllm_backend.line_mismatch(tmp_path, "1.3.0rc9") is None  # a 1.3 rc before the tree reads 1.2
     assert "rebuild it with --trtllm-version 1.3+" in trtllm_backend.line_mismatch(tmp_path, "1.3.0rc10")
     assert trtllm_backend.line_mismatch(tmp_path, "1.2.0rc6.post3") == refusal("1.2.0rc6.post3")
+
+
+def test_the_docs_state_the_floors_and_the_refusal_the_code_has():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "trtllm.md").read_text()
+    assert f"| {release_text(EAGLE3_FLOOR)} | `decoding_type: Eagle3`" in doc
+    assert f"| {release_text(TREE_FLOOR)} | the one-model dynamic tree" in doc
+    assert f"`{refusal('1.2.0rc6.post3')}`" in doc
+    for line in LINES.values():
+        assert line.releases.startswith("TensorRT-LLM ")
