@@ -367,6 +367,42 @@ def test_truncated_gguf_fails_in_one_line(tmp_path):
     assert str(path) in str(e.value) and "\n" not in str(e.value)
 
 
+def test_gguf_file_layout_equals_gguf_py(tmp_path):
+    """The header walk finds every tensor where gguf-py's reader does, and the scalar metadata it decodes."""
+    from eagle_trt.convert.gguf_file import GGML_TYPES, GGUFFile
+
+    for type_id, (name, n, b) in GGML_TYPES.items():
+        qtype = gguf.GGMLQuantizationType(type_id)
+        assert qtype.name == name and gguf.GGML_QUANT_SIZES[qtype] == (n, b), name
+    path = write_tiny_gguf(tmp_path / "m.gguf", "qwen2", tied=False)
+    gf, reader = GGUFFile.open(path), gguf.GGUFReader(str(path))
+    assert list(gf.tensors) == [t.name for t in reader.tensors]
+    for t in reader.tensors:
+        info = gf.tensors[t.name]
+        assert (info.offset, info.nbytes, info.dims, info.ggml_type) == (
+            t.data_offset, t.n_bytes, tuple(int(d) for d in t.shape), int(t.tensor_type)), t.name
+        assert np.array_equal(gf.raw(info), np.asarray(t.data).reshape(-1).view(np.uint8)), t.name
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF."):
+            want = field.contents()
+            assert gf.metadata[key] == (None if isinstance(want, list) else want), key
+
+
+def test_not_a_gguf_and_unknown_version(tmp_path):
+    path = write_tiny_gguf(tmp_path / "m.gguf", "qwen2", tied=True)
+    data = bytearray(path.read_bytes())
+    (tmp_path / "h.gguf").write_bytes(bytes(data[:40]))  # cut inside the key-value section
+    with pytest.raises(CheckpointError, match="truncated GGUF"):
+        read_blocks(tmp_path / "h.gguf")
+    (tmp_path / "x.gguf").write_bytes(b"GGML" + bytes(data[4:]))
+    with pytest.raises(CheckpointError, match="not a GGUF file"):
+        read_blocks(tmp_path / "x.gguf")
+    data[4:8] = (7).to_bytes(4, "little")
+    (tmp_path / "v.gguf").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="GGUF version 7; eagle-trt reads versions 2 and 3"):
+        read_blocks(tmp_path / "v.gguf")
+
+
 @pytest.mark.slow
 def test_smollm2_equals_transformers():
     """The real SmolLM2-135M-Instruct Q4_1 (Q8_0 embedding, tied head, llama's Q/K permutation): every tensor."""

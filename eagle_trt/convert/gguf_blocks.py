@@ -5,10 +5,10 @@
     qt = blocks["model.layers.0.mlp.down_proj.weight"]     # QuantTensor("q4_k" or "q6_k", (1536, 8960), uint8 rows)
     w = dequantize(qt)                                      # what transformers' GGUF loader gives, bit for bit
 
-Nothing is de-quantized on the way: `data` holds the file's bytes (a copy-on-write map of the file, so reading a
-tensor costs no copy unless its rows are reordered). What differs from the file is what transformers' GGUF loader
-(transformers/modeling_gguf_pytorch_utils.py) changes, so that `dequantize` of every tensor here equals the
-loader's state dict, which `convert` produced until now:
+Nothing is de-quantized on the way: `data` holds the file's bytes (a copy-on-write map of the file, read by
+`gguf_file.py`), so reading a tensor costs no copy unless its rows are reordered. What differs from the file is
+what transformers' GGUF loader (transformers/modeling_gguf_pytorch_utils.py) changes, so that `dequantize` of
+every tensor here equals the loader's state dict, which `convert` produced until now:
 - names: llama.cpp's (`blk.N.attn_q.weight`) become HF's (`model.layers.N.self_attn.q_proj.weight`); tensors HF
   has no parameter for (llama 3's `rope_freqs.weight`) are left out, as the loader leaves them;
 - Q/K rows of a `llama`-architecture file (SmolLM2, Llama, Mistral): llama.cpp's converter permutes each head's
@@ -27,13 +27,14 @@ from pathlib import Path
 import torch
 
 from eagle_trt.architectures import family_of_type
-from eagle_trt.errors import CheckpointError, MissingDependencyError
+from eagle_trt.convert.gguf_file import GGUFFile, TensorInfo
+from eagle_trt.errors import CheckpointError
 from eagle_trt.quant_blocks import (  # noqa: F401  (re-exported: the one import for convert and build)
     BLOCK_BYTES, BLOCK_WEIGHTS, BLOCKS, BYTES_PER_256, FORMATS, QuantTensor, dequantize, row_layout,
 )
 from eagle_trt.quant_encode import quantize_rows  # noqa: F401  (re-exported)
 
-# ggml type name (gguf.GGMLQuantizationType) -> our format; the others are refused by name.
+# ggml type name -> our format; the others are refused by name.
 _GGML_FORMATS = {
     "F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1",
     "Q5_0": "q5_0", "Q5_1": "q5_1", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k",
@@ -63,32 +64,12 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def _open(path: Path):
-    try:
-        import gguf  # imported here: gguf is needed only for .gguf targets
-    except ImportError as e:
-        raise MissingDependencyError(f"reading {path} needs the 'gguf' package; run: pip install gguf") from e
-    try:
-        # Copy-on-write: the arrays are writable (torch wraps them without a copy) and the file is never written.
-        reader = gguf.GGUFReader(str(path), mode="c")
-    except Exception as e:
-        raise CheckpointError(f"corrupt or truncated GGUF file {path} ({e}); re-download it") from e
-    if reader.byte_order != "I":
-        raise CheckpointError(f"{path} is a big-endian GGUF; eagle-trt reads little-endian GGUF files only")
-    return reader
-
-
-def _field(reader, key: str):
-    field = reader.get_field(key)
-    return None if field is None else field.contents()
-
-
-def _head_counts(reader, arch: str, path: Path) -> tuple[int, int]:
+def _head_counts(gf: GGUFFile, arch: str) -> tuple[int, int]:
     counts = []
     for key in (f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv"):
-        value = _field(reader, key)
+        value = gf.metadata.get(key)
         if not isinstance(value, int) or value <= 0:
-            raise CheckpointError(f"{path}: {key} is {value!r}, not a positive integer; it is needed to restore "
+            raise CheckpointError(f"{gf.path}: {key} is {value!r}, not a positive integer; it is needed to restore "
                                   "the Q/K row order; re-convert the GGUF")
         counts.append(value)
     return counts[0], counts[1]
@@ -109,34 +90,30 @@ def _unpermute(qt: QuantTensor, n_head: int, name: str) -> QuantTensor:
     return QuantTensor(qt.format, qt.shape, qt.data.reshape(rows, b)[order].reshape(1, -1))
 
 
-def _quant_tensor(t, path: Path) -> QuantTensor:
+def _quant_tensor(gf: GGUFFile, t: TensorInfo) -> QuantTensor:
     """One GGUF tensor as rows of blocks, shape in HF order (GGUF lists in_features first)."""
-    fmt = _GGML_FORMATS.get(t.tensor_type.name)
+    fmt = _GGML_FORMATS.get(t.type_name)
     if fmt is None:
-        raise CheckpointError(f"{path}: tensor {t.name} is ggml type {t.tensor_type.name}, which eagle-trt does not "
+        raise CheckpointError(f"{gf.path}: tensor {t.name} is ggml type {t.type_name}, which eagle-trt does not "
                               f"read (it reads {', '.join(_GGML_FORMATS)}); use a GGUF quantized to one of those")
-    shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+    shape = tuple(reversed(t.dims))
     if not 1 <= len(shape) <= 2:
-        raise CheckpointError(f"{path}: tensor {t.name} has {len(shape)} dimensions {shape}; only 1-D and 2-D "
+        raise CheckpointError(f"{gf.path}: tensor {t.name} has {len(shape)} dimensions {shape}; only 1-D and 2-D "
                               "weights are read")
     rows, row_bytes = row_layout(fmt, shape)
-    raw = t.data.reshape(-1).view("uint8")
-    if raw.size != rows * row_bytes:
-        raise CheckpointError(f"{path}: tensor {t.name} holds {raw.size} bytes, its {fmt} shape {shape} needs "
-                              f"{rows * row_bytes}; re-download the file")
-    return QuantTensor(fmt, shape, torch.from_numpy(raw).reshape(rows, row_bytes))
+    return QuantTensor(fmt, shape, torch.from_numpy(gf.raw(t)).reshape(rows, row_bytes))
 
 
 def read_blocks(path: str | Path, names=None) -> dict[str, QuantTensor]:
     """The weights of the GGUF at `path` by HF name (all, or those in `names`), each as its file's blocks, rows
     in HF order. A name that is not in the file, or a ggml type outside FORMATS, is a CheckpointError."""
     path = Path(path)
-    reader = _open(path)
-    arch = _field(reader, "general.architecture")
+    gf = GGUFFile.open(path)
+    arch = gf.metadata.get("general.architecture", "<missing>")
     family_of_type(arch, path)
-    heads = _head_counts(reader, arch, path) if arch == _PERMUTED_ARCH else None
+    heads = _head_counts(gf, arch) if arch == _PERMUTED_ARCH else None
     by_hf = {}
-    for t in reader.tensors:
+    for t in gf.tensors.values():
         name = hf_name(t.name)
         if name is not None:
             by_hf[name] = t
@@ -152,7 +129,7 @@ def read_blocks(path: str | Path, names=None) -> dict[str, QuantTensor]:
         if source in out:
             out[name] = out[source]
             continue
-        qt = _quant_tensor(by_hf[source], path)
+        qt = _quant_tensor(gf, by_hf[source])
         if heads is not None and ".self_attn.q_proj." in source:
             qt = _unpermute(qt, heads[0], source)
         elif heads is not None and ".self_attn.k_proj." in source:
