@@ -27,43 +27,41 @@ def _nearest_int(f: torch.Tensor) -> torch.Tensor:
     return torch.round(f).to(torch.int32)
 
 
-def _seq_sum(terms) -> torch.Tensor:
-    """Σ over the 32 columns, left to right, in float32 (C's `s += t` loop)."""
-    s = None
-    for t in terms:
-        s = t if s is None else s + t
+def _seq_sum(t: torch.Tensor) -> torch.Tensor:
+    """Σ over the 32 rows of t [32, S], top to bottom, in float32 (C's `s += t[i]` loop); [S]."""
+    s = t[0]
+    for i in range(1, t.shape[0]):
+        s = s + t[i]
     return s
 
 
 def _sq_error(scale, mn, L, x, w):
-    """Σ w·(scale·L + min − x)², left to right."""
-    def term(i):
-        diff = scale * L[:, i] + mn - x[:, i]
-        return w[:, i] * (diff * diff)
-    return _seq_sum(term(i) for i in range(32))
+    """Σ_i w·(scale·L + min − x)², left to right; L, x, w [32, S], scale and min [S]."""
+    diff = scale * L + mn - x
+    return _seq_sum(w * (diff * diff))
 
 
 def _qkx2(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """make_qkx2_quants(32, 15, x, w, ..., -1, 0.1, 20, false) for each row of x [S, 32]: (scale, -min, L)."""
-    lo = torch.clamp(x.amin(dim=1), max=0.0)  # min and max are exact whatever the order; min is kept <= 0
-    hi = x.amax(dim=1)
-    sum_w = _seq_sum(w[:, i] for i in range(32))
-    sum_x = _seq_sum(w[:, i] * x[:, i] for i in range(32))
+    """make_qkx2_quants(32, 15, x, w, ..., -1, 0.1, 20, false) for each column of x [32, S]: (scale, -min, L).
+    Products are exact per element whatever the layout; only the sums need C's order, which _seq_sum keeps."""
+    lo = torch.clamp(x.amin(dim=0), max=0.0)  # min and max are exact whatever the order; min is kept <= 0
+    hi = x.amax(dim=0)
+    sum_w = _seq_sum(w)
+    sum_x = _seq_sum(w * x)
     flat = hi == lo
     span = torch.where(flat, torch.ones_like(hi), hi - lo)
     iscale = _f32(_NMAX) / span
     scale = 1.0 / iscale
-    L = _nearest_int(iscale[:, None] * (x - lo[:, None])).clamp(0, 15).float()
+    L = _nearest_int(iscale * (x - lo)).clamp(0, 15).float()
     best = _sq_error(scale, lo, L, x, w)
     mn = lo
     for step in range(_NSTEP + 1):
         # As in the C code, each candidate grid starts from the best min found so far, not the sub-block's own.
         span = torch.where(flat, torch.ones_like(hi), hi - mn)
         iscale = ((_f32(_RMIN) + _f32(_RDELTA) * step) + _NMAX) / span
-        la = _nearest_int(iscale[:, None] * (x - mn[:, None])).clamp(0, 15).float()
-        sum_l = _seq_sum(w[:, i] * la[:, i] for i in range(32))
-        sum_l2 = _seq_sum(w[:, i] * la[:, i] * la[:, i] for i in range(32))
-        sum_xl = _seq_sum(w[:, i] * la[:, i] * x[:, i] for i in range(32))
+        la = _nearest_int(iscale * (x - mn)).clamp(0, 15).float()
+        wl = w * la
+        sum_l, sum_l2, sum_xl = _seq_sum(wl), _seq_sum(wl * la), _seq_sum(wl * x)
         D = sum_w * sum_l2 - sum_l * sum_l
         ok = D > 0
         safe_d = torch.where(ok, D, torch.ones_like(D))
@@ -75,13 +73,13 @@ def _qkx2(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
         error = _sq_error(this_scale, this_min, la, x, w)
         better = ok & (error < best)
         best = torch.where(better, error, best)
-        L = torch.where(better[:, None], la, L)
+        L = torch.where(better, la, L)
         scale = torch.where(better, this_scale, scale)
         mn = torch.where(better, this_min, mn)
     # A flat sub-block (max == min) returns early in C: scale 0, levels 0, min as found.
     scale = torch.where(flat, torch.zeros_like(scale), scale)
     mn = torch.where(flat, lo, mn)
-    L = torch.where(flat[:, None], torch.zeros_like(L), L)
+    L = torch.where(flat, torch.zeros_like(L), L)
     return scale, -mn, L
 
 
@@ -96,13 +94,19 @@ def _pack_scales(ls: torch.Tensor, lm: torch.Tensor) -> torch.Tensor:
 
 def quantize_q4_k(blocks: torch.Tensor) -> torch.Tensor:
     """float32 [n, 256] -> uint8 [n, 144], the bytes quantize_row_q4_K_ref writes."""
+    # Super-blocks are independent: a bounded chunk keeps the [32, S] temporaries small.
+    chunk = 8192
+    return torch.cat([_quantize_chunk(blocks[i:i + chunk]) for i in range(0, blocks.shape[0], chunk)])
+
+
+def _quantize_chunk(blocks: torch.Tensor) -> torch.Tensor:
     n = blocks.shape[0]
-    x = blocks.reshape(n * 8, 32)
-    sum_x2 = _seq_sum(x[:, i] * x[:, i] for i in range(32))
+    x = blocks.reshape(n * 8, 32).t().contiguous()  # [32, S]: weight i of every sub-block is one contiguous row
     # sqrt in float64, then rounded once: correctly rounded like C's sqrtf (torch's float32 sqrt can be 1 ulp off).
-    w = torch.sqrt((sum_x2 / 32).double()).float()[:, None] + x.abs()
+    w = torch.sqrt((_seq_sum(x * x) / 32).double()).float() + x.abs()
     scales, mins, L = _qkx2(x, w)
     scales, mins = scales.reshape(n, 8), mins.reshape(n, 8)
+    L = L.t().reshape(n, 8, 32)
     # max_scale / max_min start at 0 and take a value only if it is larger (so negatives and NaN never win).
     max_scale, max_min = scales.amax(dim=1), mins.amax(dim=1)
     max_scale = torch.where(max_scale > 0, max_scale, torch.zeros_like(max_scale))  # -0.0 and NaN become +0
@@ -116,8 +120,8 @@ def quantize_q4_k(blocks: torch.Tensor) -> torch.Tensor:
     d = d16.float()[:, None] * ls.float()
     dm = dmin16.float()[:, None] * lm.float()
     safe = torch.where(d == 0, torch.ones_like(d), d)
-    final = _nearest_int((x.reshape(n, 8, 32) + dm[:, :, None]) / safe[:, :, None]).clamp(0, 15)
-    L = torch.where((d == 0)[:, :, None], L.reshape(n, 8, 32).to(torch.int32), final)
+    final = _nearest_int((blocks.reshape(n, 8, 32) + dm[:, :, None]) / safe[:, :, None]).clamp(0, 15)
+    L = torch.where((d == 0)[:, :, None], L.to(torch.int32), final)
     q = L.reshape(n, 4, 2, 32)
     qs = (q[:, :, 0, :] | (q[:, :, 1, :] << 4)).reshape(n, 128).to(torch.uint8)
     head = torch.cat([d16.view(torch.uint8).reshape(n, 2), dmin16.view(torch.uint8).reshape(n, 2)], dim=1)
