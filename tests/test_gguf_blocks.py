@@ -16,6 +16,8 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from eagle_trt.convert.gguf_blocks import dequantize, read_blocks
 from eagle_trt.errors import CheckpointError
@@ -239,3 +241,39 @@ def test_the_interface_convert_and_build_import():
     assert set(gguf_blocks.FORMATS) == {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k",
                                         "q6_k"}
     assert gguf_blocks.BYTES_PER_256 == {f: b * 256 // n for f, (n, b) in gguf_blocks.BLOCKS.items()}
+
+
+@pytest.fixture(scope="module")
+def small_gguf(tmp_path_factory) -> bytes:
+    writer_dir = tmp_path_factory.mktemp("fuzz")
+    writer = gguf.GGUFWriter(str(writer_dir / "m.gguf"), arch="llama")
+    writer.add_head_count(2)
+    writer.add_head_count_kv(1)
+    writer.add_token_list(["a", "bc", "d"])
+    writer.add_tensor("blk.0.attn_k.weight", gguf.quants.quantize(np.ones((4, 32), np.float32), GGML["q8_0"]),
+                      raw_dtype=GGML["q8_0"])
+    writer.add_tensor("output_norm.weight", np.ones(8, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return (writer_dir / "m.gguf").read_bytes()
+
+
+@settings(max_examples=int(os.environ.get("EAGLE_TRT_FUZZ_EXAMPLES", "150")), deadline=5000, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(st.integers(0, 500), st.binary(min_size=1, max_size=8)), max_size=3),
+       cut=st.one_of(st.none(), st.integers(0, 700)))
+def test_damaged_gguf_is_a_checkpoint_error_or_reads(tmp_path_factory, small_gguf, edits, cut):
+    """Any overwrite or cut of the header: a one-line CheckpointError, or tensors that de-quantize; nothing else."""
+    data = bytearray(small_gguf)
+    for at, chunk in edits:
+        at %= len(data)
+        data[at:at + len(chunk)] = chunk
+    path = tmp_path_factory.mktemp("damaged") / "m.gguf"
+    path.write_bytes(bytes(data if cut is None else data[:cut]))
+    try:
+        for qt in read_blocks(path).values():
+            dequantize(qt)
+    except CheckpointError as e:
+        assert "\n" not in str(e)

@@ -117,7 +117,7 @@ def read_blocks(path: str | Path, names=None) -> dict[str, QuantTensor]:
         name = hf_name(t.name)
         if name is not None:
             by_hf[name] = t
-    tied = "lm_head.weight" not in by_hf
+    tied = "lm_head.weight" not in by_hf and "model.embed_tokens.weight" in by_hf
     wanted = list(by_hf) + (["lm_head.weight"] if tied else []) if names is None else list(names)
     missing = [n for n in wanted if n not in by_hf and not (tied and n == "lm_head.weight")]
     if missing:

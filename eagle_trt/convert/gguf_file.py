@@ -15,6 +15,7 @@ reader decodes every array element into its own numpy view, seconds for a 150k-t
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,7 +150,7 @@ class GGUFFile:
         tensors = {}
         for name, dims, ggml_type, offset in infos:
             _, n, b = GGML_TYPES[ggml_type]
-            elements = int(np.prod(dims, dtype=np.int64))
+            elements = math.prod(dims)  # Python ints: a corrupt dimension cannot overflow into a small size
             info = TensorInfo(name, dims, ggml_type, start + offset, elements // n * b)
             if dims[0] % n or info.offset + info.nbytes > len(mapped):
                 raise CheckpointError(f"corrupt or truncated GGUF file {path}: tensor {name} ({info.type_name} "
