@@ -277,3 +277,25 @@ def test_damaged_gguf_is_a_checkpoint_error_or_reads(tmp_path_factory, small_ggu
             dequantize(qt)
     except CheckpointError as e:
         assert "\n" not in str(e)
+
+
+QWEN_GGUFS = [REPO / "models" / f"qwen2.5-coder-{size}-instruct-q4_k_m.gguf" for size in ("0.5b", "1.5b")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", QWEN_GGUFS, ids=lambda p: p.name)
+def test_qwen_q4_k_m_blocks_equal_gguf_py(path):
+    """The Qwen2.5-Coder Q4_K_M files `make qwen` fetches (Q4_K, Q6_K and the fallbacks of rows that are not whole
+    super-blocks): the first layer, the norms and the embedding against gguf-py, tensor by tensor (the full
+    transformers comparison is SmolLM2's; these take minutes to load)."""
+    if not path.is_file():
+        pytest.skip(f"{path} not found; run `make qwen`")
+    from eagle_trt.convert.gguf_blocks import hf_name
+
+    reader = {hf_name(t.name): t for t in gguf.GGUFReader(str(path)).tensors}
+    names = [n for n in reader if n and (".layers.0." in n or "layers" not in n)]
+    blocks = read_blocks(path, names)
+    for name, qt in blocks.items():
+        t = reader[name]
+        want = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), np.float32))
+        assert_same_bits(dequantize(qt), want.reshape(qt.shape), name)
