@@ -1,14 +1,19 @@
-"""Q4_K blocks made as llama.cpp's reference quantizer makes them (ggml-quants.c `quantize_row_q4_K_ref`, the one
-`llama-quantize` runs without an importance matrix), byte for byte.
+"""Q4_K and Q6_K blocks made as llama.cpp's reference quantizers make them (ggml-quants.c `quantize_row_q4_K_ref`
+and `quantize_row_q6_K_ref`, what `llama-quantize` runs without an importance matrix), byte for byte.
 
-    from eagle_trt.quant_k import quantize_q4_k
+    from eagle_trt.quant_k import quantize_q4_k, quantize_q6_k
     data = quantize_q4_k(blocks)           # blocks: float32 [n, 256] -> uint8 [n, 144]
+    data = quantize_q6_k(blocks)           # -> uint8 [n, 210]
 
-Every sub-block of 32 weights gets a scale and a min from a weighted least-squares search over 21 candidate grids
-(`make_qkx2_quants`); the eight scales and mins of a super-block are then quantized to 6 bits against the largest.
+Q4_K: every sub-block of 32 weights gets a scale and a min from a weighted least-squares search over 21 candidate
+grids (`make_qkx2_quants`); the eight scales and mins of a super-block are then quantized to 6 bits against the
+largest. Q6_K: every 16 weights get a symmetric scale from a search over 19 grids weighted by x² (`make_qx_quants`),
+the sixteen scales quantized to int8 against the largest in magnitude.
+
 The C code accumulates its sums element by element in float32, rounding each product on its own (ggml-base is
-built without -march=native, so nothing is contracted into an FMA on x86-64); the loops below run over the 32
-elements in that order, vectorised across all sub-blocks, so every sum rounds as the C one does.
+built without -march=native, so nothing is contracted into an FMA on x86-64); here a group's weights are the rows
+of a [group, S] tensor, products are taken whole and the sums row by row in the C order, so every sum rounds as
+the C one does.
 """
 
 from __future__ import annotations
@@ -126,3 +131,68 @@ def _quantize_chunk(blocks: torch.Tensor) -> torch.Tensor:
     qs = (q[:, :, 0, :] | (q[:, :, 1, :] << 4)).reshape(n, 128).to(torch.uint8)
     head = torch.cat([d16.view(torch.uint8).reshape(n, 2), dmin16.view(torch.uint8).reshape(n, 2)], dim=1)
     return torch.cat([head, _pack_scales(ls, lm), qs], dim=1)
+
+
+_EPS = 1e-15  # GROUP_MAX_EPS: a group whose largest magnitude is below it is all zeros
+_QX_STEPS = (*range(-9, 0), *range(1, 10))  # make_qx_quants' candidate grids: nmax + 0.1·step levels
+
+
+def _signed_absmax(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(|max|, the signed value of largest magnitude) along `dim`, the first of equals as C's `if (ax > amax)`."""
+    i = x.abs().argmax(dim=dim, keepdim=True)
+    v = torch.gather(x, dim, i).squeeze(dim)
+    return v.abs(), v
+
+
+def _qx_sums(iscale: torch.Tensor, x: torch.Tensor, w: torch.Tensor):
+    """Levels l = clamp(round(iscale·x), −32, 31) and Σ w·x·l, Σ w·l·l in C's order; x, w [16, S]."""
+    l = _nearest_int(iscale * x).clamp(-32, 31).float()
+    return l, _seq_sum(w * x * l), _seq_sum(w * l * l)
+
+
+def _qx(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """make_qx_quants(16, 32, x, L, rmse_type=1, NULL) for each column of x [16, S]: (scale [S], L [16, S] 0..63)."""
+    amax, mx = _signed_absmax(x, 0)
+    zero = amax < _EPS
+    mx = torch.where(zero, torch.ones_like(mx), mx)
+    w = x * x
+    l, sumlx, suml2 = _qx_sums(_f32(-32.0) / mx, x, w)
+    scale = torch.where(suml2 != 0, sumlx / torch.where(suml2 != 0, suml2, torch.ones_like(suml2)),
+                        torch.zeros_like(suml2))
+    best = scale * sumlx
+    L = l + 32
+    for step in _QX_STEPS:
+        l, sumlx, suml2 = _qx_sums(-(32 + _f32(0.1) * step) / mx, x, w)
+        better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+        this_scale = sumlx / torch.where(better, suml2, torch.ones_like(suml2))
+        L = torch.where(better, l + 32, L)
+        scale = torch.where(better, this_scale, scale)
+        best = torch.where(better, this_scale * sumlx, best)
+    scale = torch.where(zero, torch.zeros_like(scale), scale)
+    return scale, torch.where(zero, torch.zeros_like(L), L)
+
+
+def quantize_q6_k(blocks: torch.Tensor) -> torch.Tensor:
+    """float32 [n, 256] -> uint8 [n, 210], the bytes quantize_row_q6_K_ref writes."""
+    chunk = 8192
+    return torch.cat([_q6_k_chunk(blocks[i:i + chunk]) for i in range(0, blocks.shape[0], chunk)])
+
+
+def _q6_k_chunk(blocks: torch.Tensor) -> torch.Tensor:
+    n = blocks.shape[0]
+    x = blocks.reshape(n * 16, 16).t().contiguous()  # [16, S]
+    scales, L = _qx(x)
+    scales, L = scales.reshape(n, 16), L.t().reshape(n, 16, 16).to(torch.int32)
+    max_abs, max_scale = _signed_absmax(scales, 1)
+    zero = max_abs < _EPS  # the whole super-block is stored as zeros
+    iscale = _f32(-128.0) / torch.where(zero, torch.ones_like(max_scale), max_scale)
+    d16 = torch.where(zero, torch.zeros_like(iscale), 1.0 / iscale).half()
+    sc = _nearest_int(iscale[:, None] * scales).clamp(max=127)
+    d = d16.float()[:, None] * sc.float()
+    final = _nearest_int(blocks.reshape(n, 16, 16) / torch.where(d == 0, torch.ones_like(d), d)[:, :, None])
+    L = torch.where((d == 0)[:, :, None], L, final.clamp(-32, 31) + 32).reshape(n, 2, 4, 32)  # [half, quarter, l]
+    ql = torch.cat([L[:, :, 0] & 0xF | ((L[:, :, 2] & 0xF) << 4), L[:, :, 1] & 0xF | ((L[:, :, 3] & 0xF) << 4)], 2)
+    qh = (L[:, :, 0] >> 4) | ((L[:, :, 1] >> 4) << 2) | ((L[:, :, 2] >> 4) << 4) | ((L[:, :, 3] >> 4) << 6)
+    out = torch.cat([ql.reshape(n, 128), qh.reshape(n, 64), sc.to(torch.int8).view(torch.uint8)], dim=1)
+    out = torch.cat([out.to(torch.uint8), d16.view(torch.uint8).reshape(n, 2)], dim=1)
+    return torch.where(zero[:, None], torch.zeros_like(out), out)
