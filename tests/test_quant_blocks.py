@@ -148,21 +148,51 @@ def test_k_quant_mutations_are_caught(monkeypatch, fmt, mutation):
     assert not torch.equal(quantize_rows(k_reference_input(), fmt).data.reshape(-1), k_reference(fmt))
 
 
-@pytest.mark.parametrize("fmt", K_QUANTS)
-def test_k_quant_equals_installed_llama_cpp(fmt):
-    """Against the libggml-base of an installed llama-cpp-python (the optional llama.cpp extra), on other weights."""
+def _ggml_base():
+    """ctypes handle on the libggml-base of an installed llama-cpp-python (the optional llama.cpp extra)."""
     llama_cpp = pytest.importorskip("llama_cpp")
     import ctypes
 
     libs = sorted(Path(llama_cpp.__file__).parent.glob("lib/libggml-base.*"))
     if not libs:
         pytest.skip("llama_cpp has no lib/libggml-base")
-    ref = getattr(ctypes.CDLL(str(libs[0])), f"quantize_row_{fmt[:2]}_K_ref")
-    ref.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    x = np.ascontiguousarray(np.random.RandomState(5).standard_normal((64, 1024)).astype(np.float32) * 0.02)
-    want = np.zeros(x.size // 256 * BLOCKS[fmt][1], dtype=np.uint8)
-    ref(x.ctypes.data, want.ctypes.data, x.size)
-    assert torch.equal(quantize_rows(torch.from_numpy(x), fmt).data.reshape(-1), torch.from_numpy(want))
+    return ctypes.CDLL(str(libs[0]))
+
+
+def _ggml_fn(lib, fmt: str, what: str):
+    import ctypes
+
+    suffix = fmt[:2] + "_" + (fmt[3:].upper() if fmt.endswith("k") else fmt[3:])  # q8_0 -> q8_0, q4_k -> q4_K
+    fn = getattr(lib, f"{what}_row_{suffix}" + ("_ref" if what == "quantize" else ""))
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    return fn
+
+
+@pytest.mark.parametrize("fmt", ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q6_k"))
+def test_equals_installed_llama_cpp(fmt):
+    """Against llama.cpp's own C code, where llama-cpp-python is installed: quantize_row_*_ref's bytes and
+    dequantize_row_*'s floats, on weights of many scales with a zero block and exact ties."""
+    lib = _ggml_base()
+    rs = np.random.RandomState(5)
+    x = (rs.standard_normal((256, 512)) * np.exp(rs.standard_normal((256, 1))) * 0.05).astype(np.float32)
+    x[0, :32], x[1, :32] = 0, np.arange(32) - 15.5
+    x[1, 0] = 127
+    n, b = BLOCKS[fmt]
+    want = np.zeros(x.size // n * b, dtype=np.uint8)
+    _ggml_fn(lib, fmt, "quantize")(x.ctypes.data, want.ctypes.data, x.size)
+    qt = quantize_rows(torch.from_numpy(x), fmt)
+    assert torch.equal(qt.data.reshape(-1), torch.from_numpy(want))
+    floats = np.zeros(x.size, dtype=np.float32)
+    _ggml_fn(lib, fmt, "dequantize")(want.ctypes.data, floats.ctypes.data, x.size)
+    assert_same_bits(dequantize(qt).reshape(-1), torch.from_numpy(floats), fmt)
+
+
+def test_q5_k_dequantize_equals_installed_llama_cpp():
+    lib = _ggml_base()
+    qt = QuantTensor("q5_k", (8, 512), random_blocks("q5_k", 8, 512, torch.Generator().manual_seed(9)))
+    floats = np.zeros(8 * 512, dtype=np.float32)
+    _ggml_fn(lib, "q5_k", "dequantize")(qt.data.numpy().ctypes.data, floats.ctypes.data, floats.size)
+    assert_same_bits(dequantize(qt).reshape(-1), torch.from_numpy(floats), "q5_k")
 
 
 def test_k_quant_round_trip_within_a_step():
