@@ -10,6 +10,7 @@ tests/test_quant_blocks.py.
 from __future__ import annotations
 
 import os
+import zlib
 from pathlib import Path
 
 import gguf
@@ -50,11 +51,11 @@ def _add(writer, name: str, fmt: str, shape: tuple[int, ...], gen: torch.Generat
 
 
 def write_tiny_gguf(path: Path, arch: str, tied: bool, embed_fmt: str = "q8_0", head_fmt: str = "q6_k",
-                    extra: dict[str, str] | None = None) -> Path:
+                    name: str = "") -> Path:
     """A 2-layer model of `arch` ('llama' or 'qwen2') that transformers can load, every weight random."""
-    gen = torch.Generator().manual_seed(hash((arch, tied)) % 1000)
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{arch} {tied} {embed_fmt} {head_fmt} {name}".encode()))
     writer = gguf.GGUFWriter(str(path), arch=arch)
-    writer.add_name(f"tiny-{arch}")
+    writer.add_name(name or f"tiny-{arch}")
     writer.add_context_length(128)
     writer.add_embedding_length(HIDDEN)
     writer.add_feed_forward_length(FFN)
@@ -72,7 +73,7 @@ def write_tiny_gguf(path: Path, arch: str, tied: bool, embed_fmt: str = "q8_0", 
     out_features = {"attn_q": HIDDEN, "attn_k": KV_HEADS * head_dim, "attn_v": KV_HEADS * head_dim,
                     "attn_output": HIDDEN, "ffn_gate": FFN, "ffn_up": FFN, "ffn_down": HIDDEN}
     for i in range(LAYERS):
-        for part, fmt in {**LAYER_FORMATS, **(extra or {})}.items():
+        for part, fmt in LAYER_FORMATS.items():
             in_features = FFN if part == "ffn_down" else HIDDEN
             _add(writer, f"blk.{i}.{part}.weight", fmt, (out_features[part], in_features), gen)
         for norm in ("attn_norm", "ffn_norm"):
@@ -106,9 +107,12 @@ def assert_matches_transformers(path: Path, want: dict[str, torch.Tensor]):
     return blocks
 
 
-@pytest.mark.parametrize("arch,tied", [("llama", False), ("llama", True), ("qwen2", True), ("qwen2", False)])
-def test_tiny_gguf_equals_transformers(tmp_path, arch, tied):
-    path = write_tiny_gguf(tmp_path / f"tiny-{arch}.gguf", arch, tied)
+@pytest.mark.parametrize("arch,tied,embed_fmt,head_fmt,name", [
+    ("llama", False, "f16", "bf16", ""), ("llama", True, "q8_0", "", ""), ("qwen2", True, "q4_1", "", ""),
+    ("qwen2", False, "q8_0", "q6_k", ""), ("llama", True, "q5_k", "", "tiny-mistral"),
+])
+def test_tiny_gguf_equals_transformers(tmp_path, arch, tied, embed_fmt, head_fmt, name):
+    path = write_tiny_gguf(tmp_path / f"tiny-{arch}.gguf", arch, tied, embed_fmt, head_fmt, name)
     blocks = assert_matches_transformers(path, transformers_state_dict(path))
     assert (blocks["lm_head.weight"] is blocks["model.embed_tokens.weight"]) == tied
     assert blocks["model.layers.0.self_attn.q_proj.weight"].format == "q4_k"
