@@ -1,0 +1,119 @@
+"""`eagle-trt export`: an eagle-trt head (a checkpoint's, an engine's, or a head dir) in one engine's layout.
+
+    result = export_head(Path("engines/smol"), "vllm", Path("/tmp/smol-vllm"))
+    result["exact"], result["aux_layer_ids"]     # False (vLLM normalises the feature once), [2, 15, 27]
+
+Writes OUT/config.json and OUT/model.safetensors as that engine loads them (ids, names, vocab maps, norm flags from
+`formats.FORMATS`), and OUT/eagle_trt.json: the note of what the head is (the target it belongs to, the ids in
+eagle-trt's meaning, the computation it was trained with), which the engines ignore and `convert --head` reads back.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from eagle_trt.errors import CheckpointError, InputError
+from eagle_trt.interop.detect import NOTE_NAME
+from eagle_trt.interop.formats import format_named
+from eagle_trt.interop.import_head import CONFIG, WEIGHTS, read_head_dir, read_json
+from eagle_trt.interop.layout import Head, to_format
+from eagle_trt.staging import staged_dir, swap_into_place
+
+COST = ("{engine} normalises the head's feature once (hidden_norm) where eagle-trt trained it normed twice "
+        "(input_layernorm, then hidden_norm): the head loads and runs there, at the acceptance docs/interop.md "
+        "measures for that computation, not the one eagle-trt reports")
+COST_MIDLAYER = ("{engine} normalises the head's feature twice (input_layernorm, then hidden_norm) where this head "
+                 "was trained with hidden_norm only: export it for an engine that computes hidden_norm only")
+
+
+def _source_dirs(src: Path) -> tuple[Path, Path | None]:
+    """(the head dir, the target dir or None) of a checkpoint, an engine, or a bare head dir."""
+    if (src / "draft" / CONFIG).is_file():
+        return src / "draft", (src / "target") if (src / "target" / CONFIG).is_file() else None
+    if (src / CONFIG).is_file() and (src / WEIGHTS).is_file():
+        return src, None
+    raise InputError(f"'{src}' is not a checkpoint, an engine or a head dir (no draft/config.json, no "
+                     "config.json + model.safetensors)")
+
+
+def _target_name(src: Path) -> str | None:
+    for name in ("convert.json", "manifest.json"):
+        if (src / name).is_file():
+            data = read_json(src / name)
+            source = data.get("source") or {}
+            return source.get("path") or source.get("name") or data.get("name")
+    return None
+
+
+def _target_lm_head(target_dir: Path):
+    """The target's output projection (its embedding when tied), read alone from its safetensors."""
+    files = sorted(target_dir.glob("*.safetensors"))
+    for want in ("lm_head.weight", "model.embed_tokens.weight"):
+        for f in files:
+            with safe_open(str(f), "pt") as fh:
+                if want in fh.keys():
+                    return fh.get_tensor(want)
+    raise CheckpointError(f"{target_dir}: no lm_head.weight or model.embed_tokens.weight")
+
+
+def read_ours(src: Path) -> Head:
+    """The eagle-trt head of a checkpoint / engine / head dir (modelopt's layout, or midlayer.* names)."""
+    head_dir, target_dir = _source_dirs(src)
+    cfg, tensors, _ = read_head_dir(head_dir)
+    mid = any(k.startswith("midlayer.") for k in tensors)
+    tensors = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): t for k, t in tensors.items()}
+    layers = cfg.get("target_num_hidden_layers")
+    if layers is None and target_dir is not None:
+        layers = read_json(target_dir / CONFIG).get("num_hidden_layers")
+    head = Head(tensors, cfg, hidden_prenorm=not mid, target_layers=layers, target_name=_target_name(src))
+    head.extra["target_dir"] = target_dir
+    return head
+
+
+def _complete_lm_head(head: Head, fmt_name: str, src: Path) -> None:
+    """Engines other than modelopt's want the head's own lm_head: a full-vocab head reuses the target's, copied in."""
+    if "lm_head.weight" in head.tensors or fmt_name in ("modelopt", "trtllm"):
+        return
+    target_dir = head.extra.get("target_dir")
+    if target_dir is None:
+        raise InputError(f"'{src}': this head reuses the target's lm_head; export from the checkpoint or engine")
+    head.tensors["lm_head.weight"] = _target_lm_head(target_dir).to(head.tensors["fc.weight"].dtype)
+    head.lm_head_from_target = True
+
+
+def export_head(src: Path, fmt_name: str, out: Path, overwrite: bool = False) -> dict:
+    """Write the head of `src` in `fmt_name`'s layout to `out` (atomically); returns the note it wrote."""
+    fmt = format_named(fmt_name)
+    src, out = Path(src).expanduser(), Path(out).expanduser().absolute()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise InputError(f"output '{out}' exists; pass --force to replace it")
+    head = read_ours(src)
+    _complete_lm_head(head, fmt_name, src)
+    tensors, config = to_format(fmt, head)
+    exact = fmt.double_norm == head.hidden_prenorm  # the engine computes what the head was trained with
+    note = {
+        "format": fmt.name, "engine": fmt.engine, "exact": exact, "hidden_prenorm": head.hidden_prenorm,
+        "target": {"name": head.target_name, "num_hidden_layers": head.target_layers,
+                   "hidden_size": head.config.get("target_hidden_size"), "vocab_size": head.config.get("vocab_size")},
+        "aux_layer_ids": head.aux_ids, "engine_aux_layer_ids": fmt.engine_ids(head.aux_ids),
+        "id_meaning": {"eagle-trt": "output of layer i", fmt.engine: "output of layer i" if fmt.id_meaning == "output"
+                       else "before layer j (the output of layer j-1)"},
+        "lm_head_from_target": head.lm_head_from_target,
+        "cost": None if exact else (COST if head.hidden_prenorm else COST_MIDLAYER).format(engine=fmt.engine),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with staged_dir(out, "partial") as stage:
+        save_file({k: t.contiguous() for k, t in sorted(tensors.items())}, str(stage / WEIGHTS),
+                  metadata={"format": "pt"})
+        (stage / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        (stage / NOTE_NAME).write_text(json.dumps(note, indent=2) + "\n")
+        for p in stage.iterdir():
+            p.chmod(0o644)
+        if out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        swap_into_place(stage, out)
+    return note

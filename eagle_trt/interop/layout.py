@@ -1,0 +1,124 @@
+"""A head's tensors and config in one engine's layout, and back: pure dict work, no files.
+
+    tensors, config = to_format(FORMATS["vllm"], head)      # head: Head (eagle-trt's own layout)
+    head = from_format(FORMATS["vllm"], tensors, config, target_layers=30, source="x/config.json")
+
+`Head` is eagle-trt's layout: modelopt's tensor names (`layers.0.*`), the draft config `convert` writes, ids meaning
+"output of layer i", and `hidden_prenorm`, the computation it was trained with (True: modelopt's double norm).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from eagle_trt.errors import CheckpointError, InputError
+from eagle_trt.interop.formats import BEFORE, Format, engine_default_ids
+
+OURS = "layers.0."
+# The Llama fields every engine's config reader takes from a draft config (HF LlamaConfig names).
+LLAMA_FIELDS = (
+    "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps",
+    "rope_theta", "rope_scaling", "max_position_embeddings", "vocab_size", "hidden_act", "attention_bias", "mlp_bias",
+    "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype",
+)
+
+
+@dataclass
+class Head:
+    tensors: dict[str, torch.Tensor]
+    config: dict
+    hidden_prenorm: bool
+    target_layers: int | None = None          # the target's decoder layer count, when known
+    target_name: str | None = None            # what the head was trained for (a note, not checked)
+    lm_head_from_target: bool = False         # lm_head.weight was copied in from the target on export
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def aux_ids(self) -> list[int]:
+        return aux_ids_of(self.config)
+
+
+def aux_ids_of(cfg: dict) -> list[int] | None:
+    ids = cfg.get("eagle_aux_hidden_state_layer_ids") or (cfg.get("eagle_config") or {}).get(
+        "eagle_aux_hidden_state_layer_ids")
+    return [int(i) for i in ids] if ids else None
+
+
+def rename(tensors: dict, src: str, dst: str) -> dict:
+    return {dst + k[len(src):] if k.startswith(src) else k: t for k, t in tensors.items()}
+
+
+def t2d_mask(d2t: torch.Tensor, vocab: int) -> torch.Tensor:
+    """speculators' target->draft map: a bool [vocab] mask, True at the target ids the draft vocab holds."""
+    mask = torch.zeros(vocab, dtype=torch.bool)
+    mask[torch.arange(d2t.numel()) + d2t.long()] = True
+    return mask
+
+
+def to_format(fmt: Format, head: Head) -> tuple[dict, dict]:
+    """(tensors, config.json) of `head` in `fmt`'s layout. The ids become the ones `fmt`'s engine reads for the
+    same target layers."""
+    ours = head.aux_ids
+    if ours is None:
+        raise CheckpointError("the head's config names no eagle_aux_hidden_state_layer_ids; convert it again")
+    ids = fmt.engine_ids(ours)
+    if fmt.name == "sglang" and ids[0] == 1:
+        raise InputError(f"the head reads layer 0's output (ids {ours}): SGLang would read id 1 as layer 1's "
+                         "output (it adds 1 to ids starting at 1); retrain with other --aux layers for SGLang")
+    tensors = rename(dict(head.tensors), OURS, fmt.layer_prefix)
+    tensors.pop("t2d", None)
+    if fmt.writes_t2d and "d2t" in tensors:
+        tensors["t2d"] = t2d_mask(tensors["d2t"], int(head.config["vocab_size"]))
+    if fmt.config_style == "modelopt":
+        cfg = dict(head.config, eagle_aux_hidden_state_layer_ids=ids)
+        cfg.setdefault("eagle_config", {})["eagle_aux_hidden_state_layer_ids"] = ids
+        return tensors, cfg
+    llama = {k: head.config[k] for k in LLAMA_FIELDS if head.config.get(k) is not None}
+    llama.update(model_type="llama", num_hidden_layers=1, tie_word_embeddings=False,
+                 draft_vocab_size=int(head.config.get("draft_vocab_size") or head.config["vocab_size"]))
+    target_hidden = int(head.config.get("target_hidden_size") or head.config["hidden_size"])
+    if fmt.config_style == "hf":
+        cfg = dict(llama, architectures=["LlamaForCausalLMEagle3"], target_hidden_size=target_hidden,
+                   eagle_aux_hidden_state_layer_ids=ids, norm_before_residual=False,
+                   eagle_config={"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True})
+        return tensors, cfg
+    cfg = {
+        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+        "transformer_layer_config": {k: v for k, v in llama.items() if k != "draft_vocab_size"},
+        "draft_vocab_size": llama["draft_vocab_size"], "norm_before_residual": False,
+        "target_hidden_size": target_hidden, "eagle_aux_hidden_state_layer_ids": ids,
+        "speculators_config": {
+            "algorithm": "eagle3", "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+            "verifier": {"name_or_path": head.target_name, "architectures": ["LlamaForCausalLM"]},
+        },
+    }
+    return tensors, cfg
+
+
+def _their_ids(fmt: Format, cfg: dict, target_layers: int | None, source: str) -> list[int]:
+    ids = aux_ids_of(cfg)
+    if ids is None:
+        if target_layers is None:
+            raise CheckpointError(f"{source}: names no eagle_aux_hidden_state_layer_ids and the target's layer "
+                                  "count is unknown; add the ids to the config")
+        return engine_default_ids(target_layers) if fmt.id_meaning == BEFORE else None
+    if fmt.name == "sglang" and ids[0] == 1:
+        return ids  # SGLang reads these as modelopt's "output" ids (it adds 1 before capturing)
+    return fmt.our_ids(ids)
+
+
+def our_ids_from(fmt: Format, cfg: dict, target_layers: int | None, source: str) -> list[int]:
+    """The head's ids in eagle-trt's meaning (outputs of layers i), checked against the target's layer count."""
+    ids = _their_ids(fmt, cfg, target_layers, source)
+    if ids is None:  # "output" formats with no ids: modelopt's default
+        ids = sorted({1, max(0, target_layers // 2 - 1), max(0, target_layers - 4)})
+    if fmt.id_meaning == BEFORE and min(ids) < 0:
+        raise CheckpointError(f"{source}: layer id 0 captures the embedding output, which eagle-trt's target does "
+                              "not feed a head; use a head trained on decoder layers")
+    if target_layers is not None and (min(ids) < 0 or max(ids) >= target_layers):
+        raise CheckpointError(f"{source}: eagle_aux_hidden_state_layer_ids read layers {ids} of a "
+                              f"{target_layers}-layer target; this head was trained for another model")
+    return ids
