@@ -104,7 +104,7 @@ def _their_ids(fmt: Format, cfg: dict, target_layers: int | None, source: str) -
         if target_layers is None:
             raise CheckpointError(f"{source}: names no eagle_aux_hidden_state_layer_ids and the target's layer "
                                   "count is unknown; add the ids to the config")
-        return engine_default_ids(target_layers) if fmt.id_meaning == BEFORE else None
+        return fmt.our_ids(engine_default_ids(target_layers)) if fmt.id_meaning == BEFORE else None
     if fmt.name == "sglang" and ids[0] == 1:
         return ids  # SGLang reads these as modelopt's "output" ids (it adds 1 before capturing)
     return fmt.our_ids(ids)
