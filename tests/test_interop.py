@@ -86,6 +86,22 @@ def test_unshifted_layer_ids_are_caught(fmt, ckpt, features, tmp_path, monkeypat
     assert (got - want).abs().max() > 100 * ATOL
 
 
+def test_sglang_ids_that_do_not_start_at_1(tiny_model_dir, features, tmp_path, monkeypatch):
+    """A head whose first layer is not 1 gets SGLang's capture-before-layer ids (its reading since PR #25454), and the
+    unshifted-ids mutation is caught there too."""
+    target, stream, ids = features
+    head = write_random_head(tmp_path / "head", seed=6, aux=(2, 3, 5), draft_vocab=64, scale=0.3)
+    ckpt = convert_model(tiny_model_dir, tmp_path / "ckpt", head=head, progress=False, calibrate_kv=False).output_dir
+    assert export_head(ckpt, "sglang", tmp_path / "s")["engine_aux_layer_ids"] == [3, 4, 6]
+    got, _ = theirs("sglang", tmp_path / "s", target, stream, ids)
+    want, _ = ours(ckpt, target, stream, ids, prenorm=False)
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=1e-4)
+    monkeypatch.setattr(formats.Format, "engine_ids", lambda self, ours: list(ours))
+    export_head(ckpt, "sglang", tmp_path / "m")
+    got, _ = theirs("sglang", tmp_path / "m", target, stream, ids)
+    assert (got - want).abs().max() > 100 * ATOL
+
+
 def test_sglang_refuses_a_layer_0_head(tiny_model_dir, tmp_path):
     head = write_random_head(tmp_path / "head", seed=5, aux=(0, 3, 4), draft_vocab=64)
     ckpt = convert_model(tiny_model_dir, tmp_path / "ckpt", head=head, progress=False, calibrate_kv=False).output_dir
@@ -115,7 +131,8 @@ def test_export_layouts(ckpt, tmp_path):
             n.startswith("layers.0." if prefix == "midlayer." else "midlayer.") for n in names)
         assert ("t2d" in names) == formats.FORMATS[fmt].writes_t2d
         assert note["aux_layer_ids"] == [1, 3, 4] and note["target"]["num_hidden_layers"] == layers
-        want = [2, 4, 5] if formats.FORMATS[fmt].id_meaning == formats.BEFORE else [1, 3, 4]
+        # SGLang: ids starting at 1 stay in modelopt's convention (it adds 1 to those itself)
+        want = [2, 4, 5] if formats.FORMATS[fmt].id_meaning == formats.BEFORE and fmt != "sglang" else [1, 3, 4]
         assert cfg["eagle_aux_hidden_state_layer_ids"] == want == note["engine_aux_layer_ids"]
         if fmt == "speculators":
             assert cfg["speculators_model_type"] == "eagle3" and cfg["norm_before_residual"] is False

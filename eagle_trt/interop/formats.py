@@ -52,10 +52,17 @@ class Format:
 
     def engine_ids(self, ours: list[int]) -> list[int]:
         """eagle-trt's ids (outputs of layers i) -> the ids this engine must read to feed the same layers."""
+        if self.name == "sglang" and ours[:1] == [1]:
+            # SGLang adds 1 to ids that start at 1 (modelopt's convention): every release then captures the right
+            # layers, where the shifted ids would be read right only from PR #25454 on (before it, SGLang added 1
+            # to every id list).
+            return list(ours)
         return [i + 1 for i in ours] if self.id_meaning == BEFORE else list(ours)
 
     def our_ids(self, theirs: list[int]) -> list[int]:
-        """This engine's ids -> eagle-trt's (the inverse of engine_ids)."""
+        """This engine's ids -> eagle-trt's (the inverse of engine_ids, as the engine reads them today)."""
+        if self.name == "sglang" and theirs[:1] == [1]:
+            return list(theirs)
         return [j - 1 for j in theirs] if self.id_meaning == BEFORE else list(theirs)
 
 
@@ -106,11 +113,14 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
                 "skipped; residual = hidden, input_layernorm(embeds), hidden_norm(hidden) only"),
          Source(_SGL, "python/sglang/srt/models/llama.py", "see docs/interop.md",
                 "layers_to_capture: hidden_states + residual appended before layer i runs (id j = output of "
-                "layer j-1); default [2, L//2, L-3]")),
-        ("midlayer.* names: every SGLang release loads them; layers.0.* only from the release that maps them",
-         "SGLang adds 1 to ids whose first entry is 1 (taken for modelopt's convention, SGLang PR #25454): export "
-         "refuses a head that reads layer 0's output (its SGLang id would be 1), and import reads a first id of 1 "
-         "the way SGLang does"),
+                "layer j-1); default [2, L//2, L-3]"),
+         Source(_SGL, "pull request #25454 (merged 2026-05-16)", "-",
+                "explicit ids get +1 only when the first id is 1; before it, always")),
+        ("midlayer.* names: every SGLang release loads them; layers.0.* only from PR #24663 on",
+         "ids: SGLang adds 1 to an id list that starts at 1 (modelopt's convention) and, from PR #25454 on, takes any "
+         "other list as capture-before-layer ids (before it, it added 1 to every list); export writes a head whose "
+         "first layer is 1 in modelopt's convention (right in every release), others shifted (right from #25454), and "
+         "refuses one that reads layer 0 (its id 1 would be shifted again)"),
     ),
     Format(
         "speculators", "speculators (vLLM's format)", "layers.0.", BEFORE, False, True, "speculators",
@@ -131,6 +141,9 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
         (Source(_TRT, "tensorrt_llm/_torch/models/modeling_speculative.py", "b35ac1b64368513d215c57d2ed01d62d910df8da",
                 "Eagle3 decoder layer: residual = hidden, hidden_norm(hidden), input_layernorm(embeds): hidden_norm "
                 "only"),
+         Source(_TRT, "tensorrt_llm/_torch/speculative/eagle3.py", "001e67005b4f64b69b0045456870be48ab7b2cf0",
+                "layers_to_capture default (1, L//2-1, L-4), modelopt's; maybe_capture_hidden_states(layer_id, "
+                "hidden, residual) saves hidden + residual of that layer: ids are layer outputs"),
          Source("eagle-trt", "eagle_trt/engine/trtllm_bundle.py", "6dbcb88",
                 "the bundle passes the head's ids as eagle3_layers_to_capture (TensorRT-LLM's default is "
                 "modelopt's, so its ids are layer outputs) and names the decoder layer midlayer")),

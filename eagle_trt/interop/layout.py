@@ -63,10 +63,10 @@ def to_format(fmt: Format, head: Head) -> tuple[dict, dict]:
     ours = head.aux_ids
     if ours is None:
         raise CheckpointError("the head's config names no eagle_aux_hidden_state_layer_ids; convert it again")
+    if fmt.name == "sglang" and ours[0] == 0:
+        raise InputError(f"the head reads layer 0's output (ids {ours}): SGLang would take its id 1 for layer 1's "
+                         "output (it adds 1 to ids starting at 1); SGLang cannot serve this head")
     ids = fmt.engine_ids(ours)
-    if fmt.name == "sglang" and ids[0] == 1:
-        raise InputError(f"the head reads layer 0's output (ids {ours}): SGLang would read id 1 as layer 1's "
-                         "output (it adds 1 to ids starting at 1); retrain with other --aux layers for SGLang")
     tensors = rename(dict(head.tensors), OURS, fmt.layer_prefix)
     tensors.pop("t2d", None)
     if fmt.writes_t2d and "d2t" in tensors:
@@ -105,8 +105,6 @@ def _their_ids(fmt: Format, cfg: dict, target_layers: int | None, source: str) -
             raise CheckpointError(f"{source}: names no eagle_aux_hidden_state_layer_ids and the target's layer "
                                   "count is unknown; add the ids to the config")
         return fmt.our_ids(engine_default_ids(target_layers)) if fmt.id_meaning == BEFORE else None
-    if fmt.name == "sglang" and ids[0] == 1:
-        return ids  # SGLang reads these as modelopt's "output" ids (it adds 1 before capturing)
     return fmt.our_ids(ids)
 
 
