@@ -97,12 +97,13 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
                 "load_weights renames midlayer. to layers.0., skips any name with t2d, maps d2t to "
                 "draft_id_to_target_id; layer 0: input_layernorm(embeds), hidden_norm(hidden), residual = hidden "
                 "unless norm_before_residual (then residual = hidden_norm(hidden)); no input_layernorm on hidden"),
-         Source(_VLLM, "vllm/model_executor/models/llama.py (EagleModelMixin)", "see docs/interop.md",
-                "aux_hidden_states.append(hidden_states + residual) when idx in aux_hidden_state_layers, before "
-                "layer idx runs: id j = output of layer j-1"),
-         Source(_VLLM, "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py", "see docs/interop.md",
-                "ids from the draft hf_config's eagle_aux_hidden_state_layer_ids, else the model's default "
-                "(2, L//2, L-3)")),
+         Source(_VLLM, "vllm/model_executor/models/interfaces.py (EagleModelMixin), read in excerpts",
+                "9790d90f3543db70de14652d73a0f52b0457546f",
+                "_maybe_add_hidden_state appends hidden_states + residual when layer_idx is in aux_hidden_state_layers, "
+                "called at the top of the layer loop, before layer idx runs: id j = output of layer j-1"),
+         Source(_VLLM, "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py", "0cfdd2e15d6991f354c6e22fd7f7e7577afe0424",
+                "ids from the draft hf_config's top-level eagle_aux_hidden_state_layer_ids (eagle_config only for a "
+                "layer_ids key), else the model's default (2, L//2, L-3), with a warning")),
         ("norm_before_residual: false is written explicitly (residual = the raw feature, as eagle-trt)",),
     ),
     Format(
