@@ -165,3 +165,13 @@ def test_export_cli(ckpt, tmp_path):
     assert r.exit_code == 2 and "--force" in r.output
     r = CliRunner().invoke(app, ["export", str(tmp_path), "--format", "vllm", "--output", str(tmp_path / "y")])
     assert r.exit_code == 2 and "not a checkpoint" in r.output
+
+
+def test_export_refuses_a_trtllm_bundle(ckpt, tmp_path):
+    import shutil
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(ckpt, bundle)
+    (bundle / "trtllm.json").write_text("{}")
+    with pytest.raises(Exception, match="TensorRT-LLM bundle"):
+        export_head(bundle, "vllm", tmp_path / "v")

@@ -32,6 +32,9 @@ COST_MIDLAYER = ("{engine} normalises the head's feature twice (input_layernorm,
 
 def _source_dirs(src: Path) -> tuple[Path, Path | None]:
     """(the head dir, the target dir or None) of a checkpoint, an engine, or a bare head dir."""
+    if (src / "trtllm.json").is_file():
+        raise InputError(f"'{src}' is a TensorRT-LLM bundle, whose draft names say nothing of the head's computation; "
+                         "export from the checkpoint it was built from")
     if (src / "draft" / CONFIG).is_file():
         return src / "draft", (src / "target") if (src / "target" / CONFIG).is_file() else None
     if (src / CONFIG).is_file() and (src / WEIGHTS).is_file():

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from eagle_trt.engine.trtllm_hf_files import draft_config, draft_tensor_names
 from eagle_trt.errors import CheckpointError, InputError
 from eagle_trt.interop.formats import BEFORE, Format, engine_default_ids
 
@@ -67,15 +68,21 @@ def to_format(fmt: Format, head: Head) -> tuple[dict, dict]:
         raise InputError(f"the head reads layer 0's output (ids {ours}): SGLang would take its id 1 for layer 1's "
                          "output (it adds 1 to ids starting at 1); SGLang cannot serve this head")
     ids = fmt.engine_ids(ours)
-    tensors = rename(dict(head.tensors), OURS, fmt.layer_prefix)
+    if fmt.name == "trtllm":  # the bundle's own renaming (engine/trtllm_hf_files.py), so both read the same names
+        tensors = draft_tensor_names(dict(head.tensors), 1)
+    else:
+        tensors = rename(dict(head.tensors), OURS, fmt.layer_prefix)
     tensors.pop("t2d", None)
     if fmt.writes_t2d and "d2t" in tensors:
         tensors["t2d"] = t2d_mask(tensors["d2t"], int(head.config["vocab_size"]))
     if fmt.config_style == "modelopt":
         cfg = dict(head.config, eagle_aux_hidden_state_layer_ids=ids)
-        cfg.setdefault("eagle_config", {})["eagle_aux_hidden_state_layer_ids"] = ids
-        return tensors, cfg
-    llama = {k: head.config[k] for k in LLAMA_FIELDS if head.config.get(k) is not None}
+        cfg["eagle_config"] = dict(cfg.get("eagle_config") or {}, eagle_aux_hidden_state_layer_ids=ids)
+        # TensorRT-LLM's RoPE parser rejects modelopt's rope_scaling {rope_type: default}: the bundle's rewrite
+        return tensors, draft_config(cfg) if fmt.name == "trtllm" else cfg
+    # rope_scaling {rope_type: default} (modelopt's) is no scaling: written as null beside rope_theta, the form every
+    # engine's HF config reader takes (the bundle's rewrite, engine/trtllm_hf_files.py)
+    llama = {k: v for k, v in draft_config(head.config).items() if k in LLAMA_FIELDS and v is not None}
     llama.update(model_type="llama", num_hidden_layers=1, tie_word_embeddings=False,
                  draft_vocab_size=int(head.config.get("draft_vocab_size") or head.config["vocab_size"]))
     target_hidden = int(head.config.get("target_hidden_size") or head.config["hidden_size"])
