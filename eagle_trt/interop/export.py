@@ -19,7 +19,8 @@ from safetensors.torch import save_file
 from eagle_trt.errors import CheckpointError, InputError
 from eagle_trt.interop.detect import NOTE_NAME
 from eagle_trt.interop.formats import format_named
-from eagle_trt.interop.import_head import CONFIG, WEIGHTS, read_head_dir, read_json
+from eagle_trt.interop.import_head import CONFIG, WEIGHTS, read_head_dir
+from eagle_trt.models.weights import read_json
 from eagle_trt.interop.layout import Head, to_format
 from eagle_trt.staging import staged_dir, swap_into_place
 
@@ -72,19 +73,17 @@ def read_ours(src: Path) -> Head:
     layers = cfg.get("target_num_hidden_layers")
     if layers is None and target_dir is not None:
         layers = read_json(target_dir / CONFIG).get("num_hidden_layers")
-    head = Head(tensors, cfg, hidden_prenorm=not mid, target_layers=layers, target_name=_target_name(src))
-    head.extra["target_dir"] = target_dir
-    return head
+    return Head(tensors, cfg, hidden_prenorm=not mid, target_layers=layers, target_name=_target_name(src),
+                target_dir=target_dir)
 
 
 def _complete_lm_head(head: Head, fmt_name: str, src: Path) -> None:
     """Engines other than modelopt's want the head's own lm_head: a full-vocab head reuses the target's, copied in."""
     if "lm_head.weight" in head.tensors or fmt_name in ("modelopt", "trtllm"):
         return
-    target_dir = head.extra.get("target_dir")
-    if target_dir is None:
+    if head.target_dir is None:
         raise InputError(f"'{src}': this head reuses the target's lm_head; export from the checkpoint or engine")
-    head.tensors["lm_head.weight"] = _target_lm_head(target_dir).to(head.tensors["fc.weight"].dtype)
+    head.tensors["lm_head.weight"] = _target_lm_head(head.target_dir).to(head.tensors["fc.weight"].dtype)
     head.lm_head_from_target = True
 
 

@@ -15,41 +15,22 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
+from eagle_trt.engine.datastore_file import DATASTORE_NAME
 from eagle_trt.errors import CheckpointError
 from eagle_trt.interop.detect import NOTE_NAME, detect_format
 from eagle_trt.interop.formats import FORMATS
 from eagle_trt.interop.layout import LLAMA_FIELDS, OURS, Head, our_ids_from, rename
+from eagle_trt.models.weights import load_safetensors, read_json
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
-OPTIONAL_FILES = ("datastore.safetensors", "report.json")
-
-
-def read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        with safe_open(str(path), "pt") as fh:
-            return {k: fh.get_tensor(k) for k in fh.keys()}
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: file not found") from None
-    except Exception as e:  # safetensors raises its own error types for bad files
-        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
-
-
-def read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
 
 
 def read_head_dir(head_dir: Path) -> tuple[dict, dict[str, torch.Tensor], dict | None]:
     """(config.json, tensors, eagle_trt.json or None) of a head dir."""
     note = head_dir / NOTE_NAME
-    return read_json(head_dir / CONFIG), read_tensors(head_dir / WEIGHTS), read_json(note) if note.is_file() else None
+    return read_json(head_dir / CONFIG), load_safetensors(head_dir / WEIGHTS), read_json(note) if note.is_file() else None
 
 
 def _our_config(fmt_name: str, cfg: dict, ids: list[int], target: dict, source: str) -> dict:
@@ -133,7 +114,6 @@ def import_head(head_dir: Path, out_dir: Path, target: dict) -> str:
             shutil.copyfile(head_dir / name, out_dir / name)
     else:
         write_draft(head, out_dir)
-    for name in OPTIONAL_FILES[:1]:
-        if (head_dir / name).is_file():
-            shutil.copyfile(head_dir / name, out_dir / name)
+    if (head_dir / DATASTORE_NAME).is_file():  # the prompt-lookup datastore that travels with a head
+        shutil.copyfile(head_dir / DATASTORE_NAME, out_dir / DATASTORE_NAME)
     return fmt_name

@@ -9,7 +9,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -34,7 +35,7 @@ class Head:
     target_layers: int | None = None          # the target's decoder layer count, when known
     target_name: str | None = None            # what the head was trained for (a note, not checked)
     lm_head_from_target: bool = False         # lm_head.weight was copied in from the target on export
-    extra: dict = field(default_factory=dict)
+    target_dir: Path | None = None            # the target's HF dir beside the head, when there is one
 
     @property
     def aux_ids(self) -> list[int]:
