@@ -69,7 +69,8 @@ def _head(w, llama, feature, e, positions, p, double_norm: bool, norm_before_res
 
 
 def _files(head_dir: Path):
-    return json.loads((Path(head_dir) / "config.json").read_text()), load_file(str(Path(head_dir) / "model.safetensors"))
+    head_dir = Path(head_dir)
+    return json.loads((head_dir / "config.json").read_text()), load_file(str(head_dir / "model.safetensors"))
 
 
 def vllm(head_dir, stream, tokens, positions, embed):

@@ -175,3 +175,20 @@ def test_export_refuses_a_trtllm_bundle(ckpt, tmp_path):
     (bundle / "trtllm.json").write_text("{}")
     with pytest.raises(Exception, match="TensorRT-LLM bundle"):
         export_head(bundle, "vllm", tmp_path / "v")
+
+
+def test_export_measures_tau_on_an_engine(ckpt, tmp_path):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"name: tiny\ncheckpoint_dir: {ckpt}\nmax_input_len: 512\nmax_output_len: 128\n")
+    r = CliRunner().invoke(app, ["build", "--config", str(cfg), "--output", str(tmp_path / "engine")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["export", str(tmp_path / "engine"), "--format", "vllm", "--output",
+                                 str(tmp_path / "v"), "--measure-tau", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    tau = json.loads(r.stdout)["tau"]
+    assert set(tau) == {"prompts", "eagle-trt", "vLLM"}
+    assert all(1.0 <= tau[k][t] <= 7.0 for k in ("eagle-trt", "vLLM") for t in ("chain", "dynamic"))
+    assert json.loads((tmp_path / "v" / "eagle_trt.json").read_text())["tau"] == tau
+    r = CliRunner().invoke(app, ["export", str(ckpt), "--format", "vllm", "--output", str(tmp_path / "w"),
+                                 "--measure-tau", "2"])
+    assert r.exit_code == 2 and "not an engine" in r.output

@@ -15,6 +15,9 @@ def export(
     fmt: Annotated[str, typer.Option("--format", help="vllm, sglang, speculators, trtllm or modelopt.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Head dir to write.")],
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it already exists.")] = False,
+    measure_tau: Annotated[int, typer.Option(
+        "--measure-tau", help="SOURCE an engine: decode N shipped chat prompts with the head computed eagle-trt's way "
+                              "and FORMAT's way, and record both tau in eagle_trt.json (0 = off).", min=0)] = 0,
     json_out: JsonOpt = False,
 ) -> None:
     """Write the head of SOURCE as FORMAT's engine loads it: the layer ids that engine reads for the same target
@@ -23,16 +26,16 @@ def export(
 
     Example: eagle-trt export engines/smollm2-135m-eagle3 --format vllm --output /tmp/smol-vllm
     """
-    handle_errors(_export)(source, fmt, output, force, json_out)
+    handle_errors(_export)(source, fmt, output, force, measure_tau, json_out)
 
 
 export.__doc__ += "\n\n    " + EXIT_CODES_HELP
 
 
-def _export(source, fmt, output, force, json_out) -> None:
+def _export(source, fmt, output, force, measure_tau, json_out) -> None:
     from eagle_trt.interop.export import export_head
 
-    note = export_head(source, fmt, output, overwrite=force)
+    note = export_head(source, fmt, output, overwrite=force, measure_prompts=measure_tau)
     if json_out:
         print_json(dict(note, output=str(output)))
         return
@@ -40,3 +43,6 @@ def _export(source, fmt, output, force, json_out) -> None:
                   f"eagle-trt's {note['aux_layer_ids']})")
     if note["cost"]:
         err_console.print(f"[yellow]not exact:[/] {note['cost']}")
+    if "tau" in note:
+        taus = ", ".join(f"{k} {v['chain']} / {v['dynamic']}" for k, v in note["tau"].items() if k != "prompts")
+        console.print(f"tau (chain / dynamic tree) on {note['tau']['prompts']}: {taus}")

@@ -87,8 +87,21 @@ def _complete_lm_head(head: Head, fmt_name: str, src: Path) -> None:
     head.lm_head_from_target = True
 
 
-def export_head(src: Path, fmt_name: str, out: Path, overwrite: bool = False) -> dict:
-    """Write the head of `src` in `fmt_name`'s layout to `out` (atomically); returns the note it wrote."""
+def measured_cost(src: Path, fmt, head: Head, prompts: int) -> dict:
+    """τ of an engine's head computed eagle-trt's way and the engine's way (`tau.py`), for the note."""
+    from eagle_trt.interop.tau import measure_computations
+
+    if not (src / "manifest.json").is_file():
+        raise InputError(f"'{src}' is not an engine: --measure-tau decodes with one (eagle-trt build)")
+    cases = {"eagle-trt": (head.hidden_prenorm, None), fmt.engine: (fmt.double_norm, None)}
+    taus = measure_computations(src, cases, prompts=prompts)
+    return {"prompts": f"the first {prompts} of eagle_trt/data/chat_prompts.jsonl, 64 new tokens, greedy, "
+                       "prompt lookup off", **{k: {t: v[t] for t in ("chain", "dynamic")} for k, v in taus.items()}}
+
+
+def export_head(src: Path, fmt_name: str, out: Path, overwrite: bool = False, measure_prompts: int = 0) -> dict:
+    """Write the head of `src` in `fmt_name`'s layout to `out` (atomically); returns the note it wrote. With
+    measure_prompts (src an engine, the engine's computation not eagle-trt's), the note holds the τ both give."""
     fmt = format_named(fmt_name)
     src, out = Path(src).expanduser(), Path(out).expanduser().absolute()
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
@@ -107,6 +120,8 @@ def export_head(src: Path, fmt_name: str, out: Path, overwrite: bool = False) ->
         "lm_head_from_target": head.lm_head_from_target,
         "cost": None if exact else (COST if head.hidden_prenorm else COST_MIDLAYER).format(engine=fmt.engine),
     }
+    if measure_prompts and not exact:
+        note["tau"] = measured_cost(src, fmt, head, measure_prompts)
     out.parent.mkdir(parents=True, exist_ok=True)
     with staged_dir(out, "partial") as stage:
         save_file({k: t.contiguous() for k, t in sorted(tensors.items())}, str(stage / WEIGHTS),

@@ -45,11 +45,6 @@ class Format:
     sources: tuple[Source, ...]
     notes: tuple[str, ...] = ()
 
-    @property
-    def exact(self) -> bool:
-        """The engine computes the head the way eagle-trt trained it (double norm)."""
-        return self.double_norm
-
     def engine_ids(self, ours: list[int]) -> list[int]:
         """eagle-trt's ids (outputs of layers i) -> the ids this engine must read to feed the same layers."""
         if self.name == "sglang" and ours[:1] == [1]:
@@ -82,8 +77,8 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     Format(
         "modelopt", "NVIDIA modelopt / eagle-trt", "layers.0.", OUTPUT, True, False, "modelopt",
         (Source(_MO, "modelopt/torch/speculative/plugins/hf_eagle.py", "nvidia-modelopt 0.47.0",
-                "default ids sorted({1, L//2-1, L-4}); a forward hook on each layer in eagle_aux_hidden_state_layer_ids "
-                "collects that layer's output"),
+                "default ids sorted({1, L//2-1, L-4}); a forward hook on each layer in "
+                "eagle_aux_hidden_state_layer_ids collects that layer's output"),
          Source(_MO, "modelopt/torch/speculative/plugins/modeling_eagle.py", "nvidia-modelopt 0.47.0",
                 "layers[0] keeps the HF decoder layer's input_layernorm on the hidden input; the attention pre-hook "
                 "then concatenates input_layernorm(embeds) with hidden_norm(hidden): the feature is normed twice"),
@@ -99,9 +94,11 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
                 "unless norm_before_residual (then residual = hidden_norm(hidden)); no input_layernorm on hidden"),
          Source(_VLLM, "vllm/model_executor/models/interfaces.py (EagleModelMixin), read in excerpts",
                 "9790d90f3543db70de14652d73a0f52b0457546f",
-                "_maybe_add_hidden_state appends hidden_states + residual when layer_idx is in aux_hidden_state_layers, "
-                "called at the top of the layer loop, before layer idx runs: id j = output of layer j-1"),
-         Source(_VLLM, "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py", "0cfdd2e15d6991f354c6e22fd7f7e7577afe0424",
+                "_maybe_add_hidden_state appends hidden_states + residual when layer_idx is in "
+                "aux_hidden_state_layers, called at the top of the layer loop, before layer idx runs: id j = output "
+                "of layer j-1"),
+         Source(_VLLM, "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py",
+                "0cfdd2e15d6991f354c6e22fd7f7e7577afe0424",
                 "ids from the draft hf_config's top-level eagle_aux_hidden_state_layer_ids (eagle_config only for a "
                 "layer_ids key), else the model's default (2, L//2, L-3), with a warning")),
         ("norm_before_residual: false is written explicitly (residual = the raw feature, as eagle-trt)",),

@@ -30,7 +30,8 @@ WEIGHTS, CONFIG = "model.safetensors", "config.json"
 def read_head_dir(head_dir: Path) -> tuple[dict, dict[str, torch.Tensor], dict | None]:
     """(config.json, tensors, eagle_trt.json or None) of a head dir."""
     note = head_dir / NOTE_NAME
-    return read_json(head_dir / CONFIG), load_safetensors(head_dir / WEIGHTS), read_json(note) if note.is_file() else None
+    cfg, tensors = read_json(head_dir / CONFIG), load_safetensors(head_dir / WEIGHTS)
+    return cfg, tensors, read_json(note) if note.is_file() else None
 
 
 def _our_config(fmt_name: str, cfg: dict, ids: list[int], target: dict, source: str) -> dict:
