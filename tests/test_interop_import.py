@@ -128,6 +128,14 @@ def test_import_errors_are_one_line(tmp_path, case, match):
     assert "\n" not in str(e.value) and str(head) in str(e.value)
 
 
+def test_import_refuses_an_eagle1_head(tmp_path):
+    src = _foreign(tmp_path)
+    w = {k: t for k, t in load_file(str(src / "model.safetensors")).items() if "hidden_norm" not in k}
+    save_file(w, str(src / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="EAGLE-1/2 head"):
+        load_head(src, TINY_TARGET)
+
+
 def test_import_refuses_both_layouts(tmp_path):
     head = _foreign(tmp_path, extra={"layers.0.hidden_norm.weight": torch.ones(64)})
     with pytest.raises(CheckpointError, match="both midlayer"):

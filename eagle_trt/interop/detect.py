@@ -29,6 +29,11 @@ def detect_format(cfg: dict, names: list[str], note: dict | None, source: str) -
     layers0 = any(n.startswith("layers.0.") for n in names)
     if mid and layers0:
         raise CheckpointError(f"{source}: the weights hold both midlayer.* and layers.0.* tensors; keep one layout")
+    if not mid and not layers0:
+        raise CheckpointError(f"{source}: no midlayer.* or layers.0.* tensors: not an EAGLE-3 draft head")
+    if not any(n.endswith("hidden_norm.weight") for n in names):
+        raise CheckpointError(f"{source}: no hidden_norm tensor: an EAGLE-1/2 head, not EAGLE-3 (eagle-trt runs those "
+                              "only in a TensorRT-LLM bundle built from a checkpoint that holds one)")
     if cfg.get("speculators_config") is not None or cfg.get("speculators_model_type") is not None:
         if cfg.get("speculators_model_type", "eagle3") != "eagle3":
             raise CheckpointError(f"{source}: speculators_model_type {cfg['speculators_model_type']!r} is not an "
@@ -36,8 +41,6 @@ def detect_format(cfg: dict, names: list[str], note: dict | None, source: str) -
         return "speculators"
     if mid:
         return "sglang"
-    if not layers0:
-        raise CheckpointError(f"{source}: no midlayer.* or layers.0.* tensors: not an EAGLE-3 draft head")
     eagle_cfg = cfg.get("eagle_config") or {}
     if any(k in eagle_cfg for k in _MODELOPT_MARKERS):
         return "modelopt"
