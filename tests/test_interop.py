@@ -159,6 +159,12 @@ def test_export_cli(ckpt, tmp_path):
     r = CliRunner().invoke(app, ["export", str(ckpt), "--format", "vllm", "--output", str(tmp_path / "v"), "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["engine_aux_layer_ids"] == [2, 4, 5]
+    assert json.loads(r.stdout)["target"]["name"] == json.loads((ckpt / "convert.json").read_text())["source"]["path"]
+    r = CliRunner().invoke(app, ["export", str(ckpt), "--format", "speculators", "--output", str(tmp_path / "s"),
+                                 "--target", "org/tiny-llama"])
+    assert r.exit_code == 0, r.output
+    spec = json.loads((tmp_path / "s" / "config.json").read_text())["speculators_config"]
+    assert spec["verifier"] == {"name_or_path": "org/tiny-llama", "architectures": ["LlamaForCausalLM"]}
     r = CliRunner().invoke(app, ["export", str(ckpt), "--format", "onnx", "--output", str(tmp_path / "x")])
     assert r.exit_code == 2 and "--format 'onnx'" in r.output
     r = CliRunner().invoke(app, ["export", str(ckpt), "--format", "vllm", "--output", str(tmp_path / "v")])

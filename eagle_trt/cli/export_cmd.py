@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -14,6 +14,9 @@ def export(
     source: Annotated[Path, typer.Argument(help="Checkpoint (convert), engine (build) or head dir with the head.")],
     fmt: Annotated[str, typer.Option("--format", help="vllm, sglang, speculators, trtllm or modelopt.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Head dir to write.")],
+    target: Annotated[Optional[str], typer.Option(
+        "--target", help="The target's HF id or path (default: where a checkpoint's target came from): recorded in "
+                         "eagle_trt.json and as speculators' verifier, which `vllm serve` loads as the target.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it already exists.")] = False,
     measure_tau: Annotated[int, typer.Option(
         "--measure-tau", help="SOURCE an engine: decode N shipped chat prompts with the head computed eagle-trt's way "
@@ -26,16 +29,16 @@ def export(
 
     Example: eagle-trt export engines/smollm2-135m-eagle3 --format vllm --output /tmp/smol-vllm
     """
-    handle_errors(_export)(source, fmt, output, force, measure_tau, json_out)
+    handle_errors(_export)(source, fmt, output, target, force, measure_tau, json_out)
 
 
 export.__doc__ += "\n\n    " + EXIT_CODES_HELP
 
 
-def _export(source, fmt, output, force, measure_tau, json_out) -> None:
+def _export(source, fmt, output, target, force, measure_tau, json_out) -> None:
     from eagle_trt.interop.export import export_head
 
-    note = export_head(source, fmt, output, overwrite=force, measure_prompts=measure_tau)
+    note = export_head(source, fmt, output, overwrite=force, measure_prompts=measure_tau, target_name=target)
     if json_out:
         print_json(dict(note, output=str(output)))
         return

@@ -20,8 +20,8 @@ from eagle_trt.errors import CheckpointError, InputError
 from eagle_trt.interop.detect import NOTE_NAME
 from eagle_trt.interop.formats import format_named
 from eagle_trt.interop.import_head import CONFIG, WEIGHTS, read_head_dir
-from eagle_trt.models.weights import read_json
 from eagle_trt.interop.layout import Head, to_format
+from eagle_trt.models.weights import read_json
 from eagle_trt.staging import staged_dir, swap_into_place
 
 COST = ("{engine} normalises the head's feature once (hidden_norm) where eagle-trt trained it normed twice "
@@ -45,11 +45,9 @@ def _source_dirs(src: Path) -> tuple[Path, Path | None]:
 
 
 def _target_name(src: Path) -> str | None:
-    for name in ("convert.json", "manifest.json"):
-        if (src / name).is_file():
-            data = read_json(src / name)
-            source = data.get("source") or {}
-            return source.get("path") or source.get("name") or data.get("name")
+    """Where a checkpoint's target came from (convert.json); an engine or head dir does not say."""
+    if (src / "convert.json").is_file():
+        return (read_json(src / "convert.json").get("source") or {}).get("path")
     return None
 
 
@@ -68,13 +66,15 @@ def read_ours(src: Path) -> Head:
     """The eagle-trt head of a checkpoint / engine / head dir (modelopt's layout, or midlayer.* names)."""
     head_dir, target_dir = _source_dirs(src)
     cfg, tensors, _ = read_head_dir(head_dir)
+    if "fc.weight" not in tensors:
+        raise InputError(f"'{head_dir}' holds no EAGLE-3 head (no fc.weight): a draft model has nothing to export")
     mid = any(k.startswith("midlayer.") for k in tensors)
     tensors = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): t for k, t in tensors.items()}
-    layers = cfg.get("target_num_hidden_layers")
-    if layers is None and target_dir is not None:
-        layers = read_json(target_dir / CONFIG).get("num_hidden_layers")
+    target = read_json(target_dir / CONFIG) if target_dir is not None else {}
+    target = target.get("text_config") or target
+    layers = cfg.get("target_num_hidden_layers") or target.get("num_hidden_layers")
     return Head(tensors, cfg, hidden_prenorm=not mid, target_layers=layers, target_name=_target_name(src),
-                target_dir=target_dir)
+                target_dir=target_dir, target_architectures=target.get("architectures"))
 
 
 def _complete_lm_head(head: Head, fmt_name: str, src: Path) -> None:
@@ -99,7 +99,8 @@ def measured_cost(src: Path, fmt, head: Head, prompts: int) -> dict:
                        "prompt lookup off", **{k: {t: v[t] for t in ("chain", "dynamic")} for k, v in taus.items()}}
 
 
-def export_head(src: Path, fmt_name: str, out: Path, overwrite: bool = False, measure_prompts: int = 0) -> dict:
+def export_head(src: Path, fmt_name: str, out: Path, overwrite: bool = False, measure_prompts: int = 0,
+                target_name: str | None = None) -> dict:
     """Write the head of `src` in `fmt_name`'s layout to `out` (atomically); returns the note it wrote. With
     measure_prompts (src an engine, the engine's computation not eagle-trt's), the note holds the τ both give."""
     fmt = format_named(fmt_name)
@@ -107,6 +108,7 @@ def export_head(src: Path, fmt_name: str, out: Path, overwrite: bool = False, me
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise InputError(f"output '{out}' exists; pass --force to replace it")
     head = read_ours(src)
+    head.target_name = target_name or head.target_name
     _complete_lm_head(head, fmt_name, src)
     tensors, config = to_format(fmt, head)
     exact = fmt.double_norm == head.hidden_prenorm  # the engine computes what the head was trained with

@@ -36,6 +36,7 @@ class Head:
     target_name: str | None = None            # what the head was trained for (a note, not checked)
     lm_head_from_target: bool = False         # lm_head.weight was copied in from the target on export
     target_dir: Path | None = None            # the target's HF dir beside the head, when there is one
+    target_architectures: list[str] | None = None  # its config.json's, when known
 
     @property
     def aux_ids(self) -> list[int]:
@@ -100,7 +101,8 @@ def to_format(fmt: Format, head: Head) -> tuple[dict, dict]:
         "speculators_config": {
             "algorithm": "eagle3", "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-            "verifier": {"name_or_path": head.target_name, "architectures": ["LlamaForCausalLM"]},
+            # `vllm serve DIR` loads the verifier named here as the target: null when the source does not say
+            "verifier": {"name_or_path": head.target_name, "architectures": head.target_architectures},
         },
     }
     return tensors, cfg
