@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from eagle_trt.cli.app import app
 from eagle_trt.convert import convert_model
+from eagle_trt.errors import InputError
 from eagle_trt.interop import formats
 from eagle_trt.interop.export import export_head
 from eagle_trt.models.draft_head import Eagle3DraftHead
@@ -105,7 +106,7 @@ def test_sglang_ids_that_do_not_start_at_1(tiny_model_dir, features, tmp_path, m
 def test_sglang_refuses_a_layer_0_head(tiny_model_dir, tmp_path):
     head = write_random_head(tmp_path / "head", seed=5, aux=(0, 3, 4), draft_vocab=64)
     ckpt = convert_model(tiny_model_dir, tmp_path / "ckpt", head=head, progress=False, calibrate_kv=False).output_dir
-    with pytest.raises(Exception, match="layer 0's output"):
+    with pytest.raises(InputError, match="layer 0's output"):
         export_head(ckpt, "sglang", tmp_path / "s")
     export_head(ckpt, "vllm", tmp_path / "v")  # vLLM's id 1 is layer 0's output: fine there
 
@@ -151,7 +152,7 @@ def test_full_vocab_head_gets_the_targets_lm_head(tiny_model_dir, tmp_path):
     w = load_file(str(tmp_path / "v" / "model.safetensors"))
     target = load_file(str(ckpt / "target" / "model.safetensors"))
     assert note["lm_head_from_target"] and torch.equal(w["lm_head.weight"], target["lm_head.weight"])
-    with pytest.raises(Exception, match="reuses the target's lm_head"):
+    with pytest.raises(InputError, match="reuses the target's lm_head"):
         export_head(ckpt / "draft", "vllm", tmp_path / "w")
 
 
@@ -169,7 +170,11 @@ def test_export_cli(ckpt, tmp_path):
     assert r.exit_code == 2 and "--format 'onnx'" in r.output
     r = CliRunner().invoke(app, ["export", str(ckpt), "--format", "vllm", "--output", str(tmp_path / "v")])
     assert r.exit_code == 2 and "--force" in r.output
-    r = CliRunner().invoke(app, ["export", str(tmp_path), "--format", "vllm", "--output", str(tmp_path / "y")])
+    r = CliRunner().invoke(app, ["export", str(tmp_path / "v"), "--format", "vllm", "--output", str(tmp_path / "v"),
+                                 "--force"])
+    assert r.exit_code == 2 and "the head being exported" in r.output and (tmp_path / "v" / "eagle_trt.json").is_file()
+    (tmp_path / "empty").mkdir()
+    r = CliRunner().invoke(app, ["export", str(tmp_path / "empty"), "--format", "vllm", "--output", str(tmp_path / "y")])
     assert r.exit_code == 2 and "not a checkpoint" in r.output
 
 
@@ -179,7 +184,7 @@ def test_export_refuses_a_trtllm_bundle(ckpt, tmp_path):
     bundle = tmp_path / "bundle"
     shutil.copytree(ckpt, bundle)
     (bundle / "trtllm.json").write_text("{}")
-    with pytest.raises(Exception, match="TensorRT-LLM bundle"):
+    with pytest.raises(InputError, match="TensorRT-LLM bundle"):
         export_head(bundle, "vllm", tmp_path / "v")
 
 

@@ -22,7 +22,7 @@ from eagle_trt.interop.formats import format_named
 from eagle_trt.interop.import_head import CONFIG, WEIGHTS, read_head_dir
 from eagle_trt.interop.layout import Head, to_format
 from eagle_trt.models.weights import read_json
-from eagle_trt.staging import staged_dir, swap_into_place
+from eagle_trt.staging import check_apart, staged_dir, swap_into_place
 
 COST = ("{engine} normalises the head's feature once (hidden_norm) where eagle-trt trained it normed twice "
         "(input_layernorm, then hidden_norm): the head loads and runs there, at the acceptance docs/interop.md "
@@ -105,6 +105,7 @@ def export_head(src: Path, fmt_name: str, out: Path, overwrite: bool = False, me
     measure_prompts (src an engine, the engine's computation not eagle-trt's), the note holds the τ both give."""
     fmt = format_named(fmt_name)
     src, out = Path(src).expanduser(), Path(out).expanduser().absolute()
+    check_apart(src, out, "the head being exported")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise InputError(f"output '{out}' exists; pass --force to replace it")
     head = read_ours(src)
