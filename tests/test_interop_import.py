@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from eagle_trt.config.decode import DecodeConfig
 from eagle_trt.convert import convert_model
-from eagle_trt.errors import CheckpointError
+from eagle_trt.errors import CheckpointError, InputError
 from eagle_trt.interop import formats
 from eagle_trt.interop.export import export_head
 from eagle_trt.interop.import_head import load_head
@@ -97,16 +97,21 @@ def test_import_official_eagle_head_with_default_ids(tmp_path, tiny_model_dir):
     assert not Eagle3DraftHead.load(out.draft_dir, target).hidden_prenorm
 
 
-def test_import_speculators_head(tmp_path):
-    d2t = torch.arange(64, dtype=torch.long)
+def _speculators_head(tmp_path, normed_residual: bool) -> Path:
+    """A head as speculators saves it (Red Hat's heads are mostly norm_before_residual: true)."""
     t2d = torch.zeros(260, dtype=torch.bool)
     t2d[torch.arange(64) * 2] = True
-    head = _foreign(tmp_path, prefix="layers.0.", extra={"t2d": t2d}, cfg_update={
+    return _foreign(tmp_path, prefix="layers.0.", extra={"t2d": t2d}, cfg_update={
         "speculators_model_type": "eagle3", "eagle_aux_hidden_state_layer_ids": [2, 4, 6], "draft_vocab_size": 64,
-        "norm_before_residual": False, "speculators_config": {"algorithm": "eagle3"},
+        "norm_before_residual": normed_residual, "speculators_config": {"algorithm": "eagle3"},
         "transformer_layer_config": {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
                                      "head_dim": 16, "intermediate_size": 128, "rms_norm_eps": 1e-6,
                                      "rope_theta": 10000.0, "vocab_size": 260}})
+
+
+def test_import_speculators_head(tmp_path):
+    d2t = torch.arange(64, dtype=torch.long)
+    head = _speculators_head(tmp_path, normed_residual=False)
     fmt, h = load_head(head, TINY_TARGET)
     assert fmt == "speculators" and h.aux_ids == [1, 3, 5] and "t2d" not in h.tensors
     assert torch.equal(h.tensors["d2t"], d2t)
@@ -114,7 +119,7 @@ def test_import_speculators_head(tmp_path):
 
 @pytest.mark.parametrize("case, match", [
     (dict(prefix="layers.0."), "cannot tell a modelopt head"),
-    (dict(cfg_update={"norm_before_residual": True}), "norm_before_residual is true"),
+    (dict(cfg_update={"norm_before_fc": True}), "norm_before_fc is true"),
     (dict(cfg_update={"eagle_aux_hidden_state_layer_ids": [0, 3, 4]}), "embedding output"),
     (dict(cfg_update={"eagle_aux_hidden_state_layer_ids": [2, 4, 9]}), r"layers \[1, 3, 8\] of a 8-layer target"),
     (dict(cfg_update={"hidden_size": 32}), "hidden_size 32 does not match"),
@@ -126,6 +131,38 @@ def test_import_errors_are_one_line(tmp_path, case, match):
     with pytest.raises(CheckpointError, match=match) as e:
         load_head(head, TINY_TARGET)
     assert "\n" not in str(e.value) and str(head) in str(e.value)
+
+
+def test_norm_before_residual_head_runs_as_speculators_computes_it(tmp_path, tiny_model_dir):
+    """A speculators head with norm_before_residual, imported: eagle-trt's runtime (its compiled kernels where they
+    serve) gives the logits speculators' own layer gives on the original files; the flag travels out to vLLM again
+    and is refused for an engine that would ignore it."""
+    from interop_reference import REFERENCES
+
+    head = _speculators_head(tmp_path, normed_residual=True)
+    ckpt = convert_model(tiny_model_dir, tmp_path / "ckpt", head=head, progress=False, calibrate_kv=False).output_dir
+    assert json.loads((ckpt / "draft" / "config.json").read_text())["norm_before_residual"] is True
+    target = LlamaTarget.load(ckpt / "target")
+    ids = torch.tensor([256, 5, 77, 130, 9, 200, 31, 64, 18, 99])
+    _, outs = target.forward(ids, torch.arange(ids.numel()), target.new_cache(64), need_aux=True,
+                             aux_layers=list(range(8)))
+    stream = [target.embed[ids]] + list(outs.split(64, dim=-1))
+    t = ids.numel() - 1
+    draft = Eagle3DraftHead.load(ckpt / "draft", target)
+    assert draft.normed_residual and not draft.hidden_prenorm
+    aux = torch.cat([stream[i + 1] for i in draft.spec.aux_layer_ids], -1)[:-1]
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    ours, _ = draft.forward(draft.fuse(aux), ids[1:], torch.arange(t), draft.new_cache(64), 0, mask=causal)
+    theirs, _ = REFERENCES["speculators"](head, [s[:-1] for s in stream], ids[1:], torch.arange(t), target.embed)
+    torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-4)
+    draft.normed_residual = False  # the mutation: the raw feature as the residual
+    draft._weights = draft.kernels.draft_weights(draft)
+    wrong, _ = draft.forward(draft.fuse(aux), ids[1:], torch.arange(t), draft.new_cache(64), 0, mask=causal)
+    assert (wrong - theirs).abs().max() > 1e-2
+    export_head(ckpt, "vllm", tmp_path / "v")
+    assert json.loads((tmp_path / "v" / "config.json").read_text())["norm_before_residual"] is True
+    with pytest.raises(InputError, match="norm_before_residual"):
+        export_head(ckpt, "sglang", tmp_path / "s")
 
 
 def test_import_refuses_an_eagle1_head(tmp_path):

@@ -101,7 +101,8 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
                 "0cfdd2e15d6991f354c6e22fd7f7e7577afe0424",
                 "ids from the draft hf_config's top-level eagle_aux_hidden_state_layer_ids (eagle_config only for a "
                 "layer_ids key), else the model's default (2, L//2, L-3), with a warning")),
-        ("norm_before_residual: false is written explicitly (residual = the raw feature, as eagle-trt)",),
+        ("norm_before_residual written as the head was trained: false for eagle-trt's heads (residual = the raw "
+         "feature), true for a speculators head trained so",),
     ),
     Format(
         "sglang", "SGLang / SpecForge", "midlayer.", BEFORE, False, True, "hf",

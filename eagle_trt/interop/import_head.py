@@ -51,6 +51,8 @@ def _our_config(fmt_name: str, cfg: dict, ids: list[int], target: dict, source: 
         target_num_hidden_layers=int(target["num_hidden_layers"]), eagle_aux_hidden_state_layer_ids=ids,
         eagle_config={"eagle_aux_hidden_state_layer_ids": ids},
     )
+    if cfg.get("norm_before_residual"):  # the residual is the normed feature (models/draft_head.py reads this)
+        out["norm_before_residual"] = True
     return out
 
 
@@ -76,9 +78,9 @@ def load_head(head_dir: Path, target: dict) -> tuple[str, Head]:
     source = str(head_dir / CONFIG)
     fmt_name = detect_format(cfg, list(tensors), note, source)
     fmt = FORMATS[fmt_name]
-    if cfg.get("norm_before_residual"):
-        raise CheckpointError(f"{source}: norm_before_residual is true (the residual is the normed feature), which "
-                              "eagle-trt's runtime does not compute; use a head trained with it false")
+    if cfg.get("norm_before_fc"):
+        raise CheckpointError(f"{source}: norm_before_fc is true (an RMSNorm over the concatenated features before fc), "
+                              "which eagle-trt's runtime does not compute; use a head trained without it")
     layers = int(target["num_hidden_layers"])
     ids = our_ids_from(fmt, cfg, layers, source)
     if note is not None:

@@ -69,6 +69,10 @@ def to_format(fmt: Format, head: Head) -> tuple[dict, dict]:
     if fmt.name == "sglang" and ours[0] == 0:
         raise InputError(f"the head reads layer 0's output (ids {ours}): SGLang would take its id 1 for layer 1's "
                          "output (it adds 1 to ids starting at 1); SGLang cannot serve this head")
+    normed_residual = bool(head.config.get("norm_before_residual"))
+    if normed_residual and fmt.name not in ("vllm", "speculators"):
+        raise InputError(f"the head's residual is its normed feature (norm_before_residual), which {fmt.engine} does "
+                         "not compute; export it for vllm or speculators")
     ids = fmt.engine_ids(ours)
     if fmt.name == "trtllm":  # the bundle's own renaming (engine/trtllm_hf_files.py), so both read the same names
         tensors = draft_tensor_names(dict(head.tensors), 1)
@@ -90,13 +94,13 @@ def to_format(fmt: Format, head: Head) -> tuple[dict, dict]:
     target_hidden = int(head.config.get("target_hidden_size") or head.config["hidden_size"])
     if fmt.config_style == "hf":
         cfg = dict(llama, architectures=["LlamaForCausalLMEagle3"], target_hidden_size=target_hidden,
-                   eagle_aux_hidden_state_layer_ids=ids, norm_before_residual=False,
+                   eagle_aux_hidden_state_layer_ids=ids, norm_before_residual=normed_residual,
                    eagle_config={"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True})
         return tensors, cfg
     cfg = {
         "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
         "transformer_layer_config": {k: v for k, v in llama.items() if k != "draft_vocab_size"},
-        "draft_vocab_size": llama["draft_vocab_size"], "norm_before_residual": False,
+        "draft_vocab_size": llama["draft_vocab_size"], "norm_before_residual": normed_residual,
         "target_hidden_size": target_hidden, "eagle_aux_hidden_state_layer_ids": ids,
         "speculators_config": {
             "algorithm": "eagle3", "default_proposal_method": "greedy",
