@@ -163,6 +163,14 @@ def test_norm_before_residual_head_runs_as_speculators_computes_it(tmp_path, tin
     assert json.loads((tmp_path / "v" / "config.json").read_text())["norm_before_residual"] is True
     with pytest.raises(InputError, match="norm_before_residual"):
         export_head(ckpt, "sglang", tmp_path / "s")
+    from typer.testing import CliRunner
+
+    from eagle_trt.cli.app import app
+
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"name: t\ncheckpoint_dir: {ckpt}\nmax_input_len: 64\nmax_output_len: 64\nbackend: trtllm\n")
+    r = CliRunner().invoke(app, ["build", "--config", str(cfg), "--output", str(tmp_path / "engine")])
+    assert r.exit_code == 2 and "TensorRT-LLM does not compute" in r.output and not (tmp_path / "engine").exists()
 
 
 def test_import_refuses_an_eagle1_head(tmp_path):

@@ -41,7 +41,7 @@ from eagle_trt.engine.manifest import (
     library_versions,
     write_manifest,
 )
-from eagle_trt.errors import InputError, MissingDependencyError
+from eagle_trt.errors import ConfigError, InputError, MissingDependencyError
 from eagle_trt.staging import check_apart, staged_dir, swap_into_place, sweep_stale
 
 __all__ = ["BuildSummary", "build_engine", "inspect_checkpoint"]
@@ -108,6 +108,10 @@ def build_engine(
     warnings = check_backend(cfg)
     plan = inspect_checkpoint(cfg, ckpt)
     if cfg.backend == "trtllm":
+        if plan.engine_draft_config.get("norm_before_residual"):
+            # TensorRT-LLM's EAGLE-3 layer takes the raw feature as the residual: it would run another head
+            raise ConfigError(f"{ckpt}/draft/config.json: norm_before_residual is true (the layer's residual is the "
+                              "normed feature), which TensorRT-LLM does not compute; build this head with backend torch")
         warnings = trtllm_bundle.check_trtllm_head(cfg, plan.head_kind) + warnings
     resolved = cfg.model_copy(
         update={
