@@ -86,6 +86,11 @@ def to_format(fmt: Format, head: Head) -> tuple[dict, dict]:
         cfg["eagle_config"] = dict(cfg.get("eagle_config") or {}, eagle_aux_hidden_state_layer_ids=ids)
         # TensorRT-LLM's RoPE parser rejects modelopt's rope_scaling {rope_type: default}: the bundle's rewrite
         return tensors, draft_config(cfg) if fmt.name == "trtllm" else cfg
+    return tensors, _engine_config(fmt, head, ids, normed_residual)
+
+
+def _engine_config(fmt: Format, head: Head, ids: list[int], normed_residual: bool) -> dict:
+    """config.json for the engines that read an HF Llama config (vLLM, SGLang) or speculators' own."""
     # rope_scaling {rope_type: default} (modelopt's) is no scaling: written as null beside rope_theta, the form every
     # engine's HF config reader takes (the bundle's rewrite, engine/trtllm_hf_files.py)
     llama = {k: v for k, v in draft_config(head.config).items() if k in LLAMA_FIELDS and v is not None}
@@ -93,11 +98,10 @@ def to_format(fmt: Format, head: Head) -> tuple[dict, dict]:
                  draft_vocab_size=int(head.config.get("draft_vocab_size") or head.config["vocab_size"]))
     target_hidden = int(head.config.get("target_hidden_size") or head.config["hidden_size"])
     if fmt.config_style == "hf":
-        cfg = dict(llama, architectures=["LlamaForCausalLMEagle3"], target_hidden_size=target_hidden,
-                   eagle_aux_hidden_state_layer_ids=ids, norm_before_residual=normed_residual,
-                   eagle_config={"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True})
-        return tensors, cfg
-    cfg = {
+        return dict(llama, architectures=["LlamaForCausalLMEagle3"], target_hidden_size=target_hidden,
+                    eagle_aux_hidden_state_layer_ids=ids, norm_before_residual=normed_residual,
+                    eagle_config={"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True})
+    return {
         "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
         "transformer_layer_config": {k: v for k, v in llama.items() if k != "draft_vocab_size"},
         "draft_vocab_size": llama["draft_vocab_size"], "norm_before_residual": normed_residual,
@@ -109,7 +113,6 @@ def to_format(fmt: Format, head: Head) -> tuple[dict, dict]:
             "verifier": {"name_or_path": head.target_name, "architectures": head.target_architectures},
         },
     }
-    return tensors, cfg
 
 
 def _their_ids(fmt: Format, cfg: dict, target_layers: int | None, source: str) -> list[int]:
