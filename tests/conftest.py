@@ -55,7 +55,9 @@ def write_random_head(out: Path, seed: int = 1, aux=(1, 3, 4), draft_vocab: int 
     cfg = dict(architectures=["LlamaForCausalLMEagle3"], hidden_size=h, num_attention_heads=nh,
                num_key_value_heads=kv, head_dim=hd, intermediate_size=inter, rms_norm_eps=1e-6, rope_theta=10000.0,
                max_position_embeddings=c["max_position_embeddings"], vocab_size=v, draft_vocab_size=dv,
-               eagle_aux_hidden_state_layer_ids=list(aux), num_hidden_layers=1)
+               eagle_aux_hidden_state_layer_ids=list(aux), num_hidden_layers=1,
+               # what modelopt's export nests there, and what tells its layout from vLLM's (interop/detect.py)
+               eagle_config=dict(eagle_aux_hidden_state_layer_ids=list(aux), use_input_layernorm_in_first_layer=True))
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return out
 

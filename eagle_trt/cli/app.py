@@ -18,6 +18,7 @@ from eagle_trt.cli.build_cmd import build
 from eagle_trt.cli.common import EXIT_CODES_HELP
 from eagle_trt.cli.config_cmd import config_app
 from eagle_trt.cli.convert_cmd import convert
+from eagle_trt.cli.export_cmd import export
 from eagle_trt.cli.inspect_cmd import inspect
 from eagle_trt.cli.run_cmd import run
 from eagle_trt.cli.serve_cmd import serve
@@ -33,6 +34,7 @@ app = typer.Typer(
 )
 app.command()(convert)
 app.command()(build)
+app.command()(export)
 app.command()(run)
 app.command()(serve)
 app.command()(inspect)

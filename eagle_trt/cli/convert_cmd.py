@@ -39,7 +39,9 @@ def convert(
     validate: Annotated[bool, typer.Option("--validate/--no-validate",
                                            help="Measure tau on held-out prompts after training.")] = True,
     head: Annotated[Optional[Path], typer.Option(
-        help="Ship an already trained head dir (config.json + model.safetensors) instead of a new one.")] = None,
+        help="Ship an already trained head dir (config.json + model.safetensors) instead of a new one: eagle-trt's "
+             "own, an `eagle-trt export`, or EAGLE's, SGLang/SpecForge's or speculators' layout (detected, checked "
+             "against MODEL; docs/interop.md).")] = None,
     draft_model: Annotated[Optional[Path], typer.Option(
         "--draft-model", help="Draft with this small LM (HF dir or .gguf) instead of an EAGLE-3 head: it must share "
                               "MODEL's tokenizer (checked; exit 2 naming the first difference). No training.")] = None,

@@ -33,9 +33,9 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from eagle_trt.engine.datastore_file import DATASTORE_NAME
 from eagle_trt.eos import eos_token_ids
 from eagle_trt.errors import InputError, MissingDependencyError
+from eagle_trt.interop.import_head import import_head
 from eagle_trt.safetensors_stream import parse_size
 from eagle_trt.staging import check_apart
 
@@ -61,18 +61,19 @@ def _eos_ids(model, tokenizer) -> list[int]:
 def _ship_head(stage: Path, tokenizer, info, head: Path, stages, calibrate_kv: bool) -> dict:
     """The checkpoint's draft = an already trained head (copied, then loaded by the runtime with the written target
     to prove it fits; that load also serves the KV calibration). Returns convert.json's content."""
-    with stages.stage("head", f"Copying trained head from {head}"):
-        (stage / "draft").mkdir()
-        for name in ("config.json", "model.safetensors", DATASTORE_NAME):
-            if name == DATASTORE_NAME and not (head / name).is_file():
-                continue  # optional: the prompt-lookup datastore that travels with the head
-            shutil.copyfile(head / name, stage / "draft" / name)
+    with stages.stage("head", f"Importing trained head from {head}"):
+        # Any supported layout (eagle-trt's own, EAGLE's, SGLang's, speculators', an `eagle-trt export`), checked
+        # against the written target and rewritten as eagle-trt's draft dir (`interop/import_head.py`); the
+        # prompt-lookup datastore travels with it when there is one.
+        target_config = json.loads((stage / "target" / "config.json").read_text())
+        head_format = import_head(head, stage / "draft", target_config.get("text_config") or target_config)
         models = load_models(stage)
         draft_config = json.loads((stage / "draft" / "config.json").read_text())
         if (head / "report.json").is_file():
             shutil.copyfile(head / "report.json", stage / "report.json")
     manifest = {
-        "source": info.to_dict(), "steps": 0, "head_source": str(head), "versions": versions(),
+        "source": info.to_dict(), "steps": 0, "head_source": str(head), "head_format": head_format,
+        "versions": versions(),
         "aux_layer_ids": draft_config.get("eagle_aux_hidden_state_layer_ids"),
         "draft_vocab_size": draft_config.get("draft_vocab_size"),
         "target_vocab_size": draft_config.get("vocab_size"), "rope_theta": draft_config.get("rope_theta"),

@@ -111,6 +111,10 @@ def build_engine(
     eos_warning = disagreement(ckpt / "target")
     warnings = warnings + ([eos_warning] if eos_warning else [])
     if cfg.backend == "trtllm":
+        if plan.engine_draft_config.get("norm_before_residual"):
+            # TensorRT-LLM's EAGLE-3 layer takes the raw feature as the residual: it would run another head
+            raise ConfigError(f"{ckpt}/draft/config.json: norm_before_residual is true (the layer's residual is the "
+                              "normed feature), which TensorRT-LLM does not compute; build this head with backend torch")
         warnings = trtllm_bundle.check_trtllm_head(cfg, plan.head_kind) + warnings
         warnings += trtllm_bundle.check_trtllm_parallel(cfg, plan.target_config, plan.engine_draft_config)
     resolved = cfg.model_copy(

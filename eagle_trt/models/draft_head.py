@@ -5,6 +5,8 @@ Reads both layouts in use:
   hidden input twice (the decoder layer's `input_layernorm`, then `hidden_norm` in the attention
   pre-hook), so we reproduce that to match what modelopt trained.
 - the official SafeAILab release (`midlayer.*`): `hidden_norm` only.
+- with `norm_before_residual: true` in config.json (speculators' heads, imported by `convert --head`), the decoder
+  layer's residual is hidden_norm's output instead of the feature.
 
 Data flow for draft position t: input = (f_t, token_{t+1}); f_t is fc(concat of the target's aux layer
 outputs at t), or, while drafting past the verified prefix, the draft's own pre-norm output from the step
@@ -32,7 +34,8 @@ from eagle_trt.private_cache import WeightSource
 
 
 class Eagle3DraftHead:
-    def __init__(self, spec: DraftSpec, w: dict, target, dtype, hidden_prenorm: bool, source):
+    def __init__(self, spec: DraftSpec, w: dict, target, dtype, hidden_prenorm: bool, source,
+                 normed_residual: bool = False):
         s, hd, hidden = spec, spec.head_dim, spec.hidden_size
         if hidden != target.spec.hidden_size:
             raise CheckpointError(
@@ -42,6 +45,8 @@ class Eagle3DraftHead:
         q_out, kv_out = s.num_heads * hd, s.num_kv_heads * hd
         n_aux = len(s.aux_layer_ids)
         self.spec, self.dtype, self.hidden_prenorm = spec, dtype, hidden_prenorm
+        # config norm_before_residual (speculators' heads): the decoder layer's residual is hidden_norm's output
+        self.normed_residual = normed_residual
         self.kernels = self._kernels(target, dtype, n_aux)
         project = self.kernels.projection
         # Projections stored transposed, [in, out] (see models/llama.py for why).
@@ -100,7 +105,9 @@ class Eagle3DraftHead:
         (`models/weight_cache.py`)."""
         draft_dir = Path(draft_dir)
         cfg_path = draft_dir / "config.json"
-        spec = DraftSpec.from_config(read_json(cfg_path), target.spec, str(cfg_path))
+        cfg = read_json(cfg_path)
+        spec = DraftSpec.from_config(cfg, target.spec, str(cfg_path))
+        normed_residual = bool(cfg.get("norm_before_residual", False))
         kernels = cls._kernels(target, dtype, len(spec.aux_layer_ids))
 
         def make() -> "Eagle3DraftHead":
@@ -109,12 +116,13 @@ class Eagle3DraftHead:
             official = any(k.startswith("midlayer.") for k in w)
             if official:
                 w = {k.replace("midlayer.", "layers.0.", 1): t for k, t in w.items()}
-            return cls(spec, w, target, dtype, hidden_prenorm=not official, source=src)
+            return cls(spec, w, target, dtype, hidden_prenorm=not official, source=src, normed_residual=normed_residual)
 
         return weight_cache.load_or_make(
             cache, "draft", kernels.cache_key, make,
             state_of=lambda head: head.runtime_state(target),
-            restore=lambda tensors, meta: cls.from_runtime_state(spec, target, dtype, kernels, tensors, meta))
+            restore=lambda tensors, meta: cls.from_runtime_state(spec, target, dtype, kernels, tensors, meta,
+                                                                 normed_residual))
 
     _PROJECTIONS = ("fc", "qkv", "o", "gate_up", "down")
     _TENSORS = ("hidden_norm", "input_norm", "post_norm", "norm", "draft_to_target")
@@ -135,11 +143,12 @@ class Eagle3DraftHead:
         return tensors, meta
 
     @classmethod
-    def from_runtime_state(cls, spec: DraftSpec, target, dtype, kernels, tensors: dict, meta: dict
-                           ) -> "Eagle3DraftHead":
+    def from_runtime_state(cls, spec: DraftSpec, target, dtype, kernels, tensors: dict, meta: dict,
+                           normed_residual: bool = False) -> "Eagle3DraftHead":
         """The head `runtime_state` described, its projections taken as they are (nothing packed or copied)."""
         head = cls.__new__(cls)
         head.spec, head.dtype, head.hidden_prenorm, head.kernels = spec, dtype, meta["hidden_prenorm"], kernels
+        head.normed_residual = normed_residual
         for name in cls._PROJECTIONS + (("lm_head",) if meta["own_lm_head"] else ()):
             setattr(head, name, kernels.projection_from_state(tensors[name], meta["projections"][name]))
         for name in cls._TENSORS:

@@ -64,7 +64,10 @@ def draft_layer(head, spec, hidden, e, prenorm: bool, cos, sin, parts, last_only
     s, eps = spec, spec.rms_norm_eps
     t = hidden.shape[0]
     h_in = rms_norm(hidden, head.input_norm, eps) if prenorm else hidden
-    x = torch.cat([rms_norm(e, head.input_norm, eps), rms_norm(h_in, head.hidden_norm, eps)], -1)
+    normed = rms_norm(h_in, head.hidden_norm, eps)
+    # norm_before_residual heads (speculators'): the layer's residual is the normed feature, not the feature
+    residual = normed if getattr(head, "normed_residual", False) else hidden
+    x = torch.cat([rms_norm(e, head.input_norm, eps), normed], -1)
     q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
     q, k, v = head.qkv(x).split((q_out, kv_out, kv_out), dim=-1)
     q = Rope.rotate(q.reshape(t, s.num_heads, s.head_dim).transpose(0, 1), cos, sin)
@@ -78,7 +81,7 @@ def draft_layer(head, spec, hidden, e, prenorm: bool, cos, sin, parts, last_only
         outs.append(attend(q[:, lo:hi], kc, vc, p.mask))
         lasts.append(hi - 1)
         row = hi
-    out = hidden + head.o(outs[0] if len(outs) == 1 else torch.cat(outs))
+    out = residual + head.o(outs[0] if len(outs) == 1 else torch.cat(outs))
     out = out + swiglu_mlp(rms_norm(out, head.post_norm, eps), head.gate_up, head.down)
     logits = head.lm_head(rms_norm(out[lasts] if last_only else out, head.norm, eps))
     return logits, out

@@ -97,6 +97,10 @@ int attend_parts(const T* qkv, const T* cos, const T* sin, T* q, T* att, const P
     return 0;
 }
 
+// prenorm's bits: kDoubleNorm, the feature normed by input_layernorm before hidden_norm (modelopt's head); and
+// kNormedResidual, the layer's residual is hidden_norm's output rather than the feature (norm_before_residual).
+constexpr int kDoubleNorm = 1, kNormedResidual = 2;
+
 template <typename T>
 int layer(const void* const* w, const T* hidden, const T* e, int prenorm, const T* cos, const T* sin,
           const Part<T>* parts, int64_t n_parts, int64_t T_, int64_t n, int64_t H, int64_t Hkv, int64_t D, int64_t I,
@@ -116,7 +120,7 @@ int layer(const void* const* w, const T* hidden, const T* e, int prenorm, const 
     // The norm kernel reads x without writing it when there is no delta to add.
     T* hid = const_cast<T*>(hidden);
     int rc = 0;
-    if (prenorm) {
+    if (prenorm & kDoubleNorm) {
         if ((rc = eagle_trt_add_rms_norm(hid, nullptr, w[kInputNorm], pre, T_, n, eps, bf16, threads))) return rc;
         hid = pre;
     }
@@ -130,7 +134,11 @@ int layer(const void* const* w, const T* hidden, const T* e, int prenorm, const 
     if ((rc = project(x, w[kQkv], qkv, T_, 2 * n, qkv_w, threads))) return rc;
     if ((rc = attend_parts(qkv, cos, sin, q, att, parts, n_parts, H, Hkv, D, threads))) return rc;
     if ((rc = project(att, w[kO], o, T_, H * D, n, threads))) return rc;
-    std::memcpy(out, hidden, sizeof(T) * T_ * n);
+    if (prenorm & kNormedResidual) {  // the residual is the normed feature, x's second half, row by row
+        for (int64_t t = 0; t < T_; ++t) std::memcpy(out + t * n, x + t * 2 * n + n, sizeof(T) * n);
+    } else {
+        std::memcpy(out, hidden, sizeof(T) * T_ * n);
+    }
     if ((rc = eagle_trt_add_rms_norm(out, o, w[kPostNorm], h, T_, n, eps, bf16, threads))) return rc;
     if ((rc = project(h, w[kGateUp], gu, T_, n, 2 * I, threads))) return rc;
     if ((rc = eagle_trt_silu_mul(gu, a, T_, I, bf16, threads))) return rc;
@@ -158,7 +166,8 @@ int64_t eagle_trt_draft_scratch(int64_t T, int64_t hidden, int64_t H, int64_t Hk
 // pre-norm output; logits: [T, vocab], or with last_only [n_parts, vocab] for each part's last row. parts
 // [n_parts][4] = rows, start, and the cache's head and row strides in elements; caches [n_parts][2] = the part's head
 // K and V caches ([Hkv, capacity, D]), written at rows start..start+rows-1; masks [n_parts] = [rows, start + rows]
-// bytes or null. Every tensor fp32, or every one bf16 (bf16 = 1). Returns 0, or the first failing kernel's code
+// bytes or null. prenorm: kDoubleNorm | kNormedResidual bits (above). Every tensor fp32, or every one bf16 (bf16 = 1).
+// Returns 0, or the first failing kernel's code
 // (-2 also when the parts' rows do not add up to T).
 int eagle_trt_draft_layer(const void* const* w, const void* hidden, const void* e, int prenorm, const void* cos,
                           const void* sin, int64_t n_parts, const int64_t* parts, void* const* caches,

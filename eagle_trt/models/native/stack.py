@@ -113,6 +113,8 @@ class DraftWeights:
         self.table = _table(row, self.dtype, "draft layer")
         self.amx = _same_kernel(projections, "draft layer")
         self.keep, self.vocab = row, head.lm_head.out_features
+        # norm_before_residual: the layer's residual is the normed feature (csrc/draft_layer.cpp's kNormedResidual)
+        self.normed_residual = bool(getattr(head, "normed_residual", False))
 
 
 def draft_layer(lib, weights: DraftWeights, *, spec, hidden: torch.Tensor, e: torch.Tensor, prenorm: bool,
@@ -132,7 +134,8 @@ def draft_layer(lib, weights: DraftWeights, *, spec, hidden: torch.Tensor, e: to
     logits = torch.empty(len(parts) if last_only else t, weights.vocab, dtype=dtype)
     dims = (t, n, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.intermediate_size)
     work = scratch(lib.draft_scratch(*dims), dtype)
-    rc = lib.draft_layer(weights.table, hidden.data_ptr(), e.data_ptr(), int(prenorm), cos.data_ptr(),
+    mode = int(prenorm) | (2 if weights.normed_residual else 0)  # csrc/draft_layer.cpp's kDoubleNorm, kNormedResidual
+    rc = lib.draft_layer(weights.table, hidden.data_ptr(), e.data_ptr(), mode, cos.data_ptr(),
                          sin.data_ptr(), len(parts), table.data_ptr(), caches, masks, *dims, weights.vocab,
                          spec.rms_norm_eps, int(last_only), out.data_ptr(), logits.data_ptr(), work.data_ptr(),
                          ops.is_bf16(hidden), int(weights.amx), torch.get_num_threads())
