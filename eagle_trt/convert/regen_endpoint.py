@@ -270,8 +270,10 @@ class EndpointRegenerator:
 
     # One request.
     def _ask(self, ep: Endpoint, prompt: list[int], n: int) -> list[int]:
+        # Greedy, and every setting that would bend it neutral: a server fills what a request leaves out from its
+        # own defaults (vLLM takes them from the model's generation_config.json, repetition_penalty included).
         body = {"model": self.served.model, "prompt": list(prompt), "max_tokens": n, "temperature": 0, "top_p": 1,
-                "n": 1, "stream": False}
+                "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "n": 1, "stream": False}
         if self.token_ids[ep.url]:
             body["return_token_ids"] = True
         try:
