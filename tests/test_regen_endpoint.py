@@ -330,6 +330,15 @@ def test_base_urls(url, want):
     assert base_url(url) == want
 
 
+@pytest.mark.parametrize("url, says", [("ftp://h:1", "give http://HOST:PORT"), ("http://:80", "give http://HOST"),
+                                       ("http://u:secret@h:80", "no user or password"),
+                                       ("http://h:99999", "port is not a number"), ("http://h/?x=1", "no query")])
+def test_bad_base_urls(url, says):
+    with pytest.raises(EndpointError, match=says) as e:
+        base_url(url)
+    assert "secret" not in str(e.value)
+
+
 class _Flaky:
     """A forwarder on 127.0.0.1 to a real server that answers 503 to the first `fail_first` completions, or to all
     after the first `die_after` (what a restarting, overloaded or dying server does), and passes the rest through."""

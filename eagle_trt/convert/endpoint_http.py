@@ -61,6 +61,9 @@ def base_url(url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise EndpointError(f"--regenerate-endpoint '{url}': give http://HOST:PORT or https://HOST[:PORT] (the "
                             "server's base URL, with or without /v1)")
+    if parts.username is not None or parts.password is not None:
+        raise EndpointError(f"--regenerate-endpoint '{parts.hostname}': no user or password in the URL (it is "
+                            "recorded in convert.json); give the key with --regenerate-api-key")
     if parts.query or parts.fragment:
         raise EndpointError(f"--regenerate-endpoint '{url}': a base URL has no query or fragment")
     try:
