@@ -23,6 +23,7 @@ for what was not answered. Before the bulk, each URL's first answers are scored 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -312,7 +313,7 @@ class EndpointRegenerator:
     # Progress display.
     def _progress(self, enabled: bool, total: int, done: int):
         if not enabled:
-            return _Quiet()
+            return contextlib.nullcontext()
         bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=Console(stderr=True))
         self._bar = (bar, bar.add_task(f"Regenerating answers through {len(self.served.endpoints)} endpoint(s)",
@@ -328,11 +329,3 @@ class EndpointRegenerator:
             self._bar[0].console.print(f"Warning: {message}", markup=False)
         else:
             print(f"Warning: {message}", file=sys.stderr)
-
-
-class _Quiet:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False

@@ -14,7 +14,7 @@ share of positions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -36,14 +36,12 @@ class Agreement:
     compared: int = 0
     first: Mismatch | None = None
     answers: int = 0
-    tokens: list[int] = field(default_factory=list)  # per answer: positions compared
 
     def add(self, scored: tuple[int, int, Mismatch | None]) -> None:
         matched, compared, first = scored
         self.matched += matched
         self.compared += compared
         self.answers += 1
-        self.tokens.append(compared)
         if self.first is None:
             self.first = first
 
