@@ -231,6 +231,31 @@ def test_token_id_prompts_and_ids_back_from_eagle_trt_serve(servers, target):
         assert code == 400 and says in doc["error"]["message"], doc
 
 
+def test_regenerate_answers_script_asks_the_servers(servers, target, tiny_model_dir, tmp_path):
+    model, tok = target
+    rows = [{"prompt": "the cat"}, {"prompt": "def f(x):", "chat": False}, {"prompt": "blue", "response": "kept"}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "answers.jsonl"
+    r = subprocess.run([sys.executable, "scripts/regenerate_answers.py", str(tiny_model_dir), str(tmp_path / "in.jsonl"),
+                        "--output", str(out), "--max-new-tokens", "20", "--regenerate-endpoint", servers[0].url,
+                        "--regenerate-model", "tiny", "--device", "cpu"], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [g["prompt"] for g in got] == ["the cat", "def f(x):"]  # a row with a response is not asked
+    from eagle_trt.prompt_sources import prompt_ids
+
+    for g in got:
+        ans = hf_greedy(model, prompt_ids(tok, g["prompt"], chat=g.get("chat", True)), 20, tok.eos_token_id)
+        ended = ans[-1] == tok.eos_token_id
+        assert (g["response"], g["eos"]) == (tok.decode(ans[:-1] if ended else ans), ended)
+    assert not (tmp_path / ".answers.jsonl.progress.jsonl").exists()
+    bad = subprocess.run([sys.executable, "scripts/regenerate_answers.py", str(tiny_model_dir), str(tmp_path / "in.jsonl"),
+                          "--output", str(out), "--regenerate-endpoint", servers[0].url], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.startswith("Error: ") and "--regenerate-model 'tiny'" in bad.stderr
+
+
 # ---- convert, killed and resumed ----------------------------------------------------------------------
 def _convert_args(tiny_model_dir, tmp: Path, url: str, *extra: str) -> list[str]:
     return ["convert", str(tiny_model_dir), "--output", str(tmp / "ckpt"), "--data", str(tmp / "prompts.jsonl"),
