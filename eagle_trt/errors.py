@@ -48,3 +48,8 @@ class MissingDependencyError(EagleError):
     """An optional library or the hardware a backend needs is not available."""
 
     exit_code = EXIT_MISSING_DEPENDENCY
+
+
+class EndpointError(InputError):
+    """A serving endpoint the user named (`convert --regenerate-endpoint`) cannot be reached, refuses the request, or
+    serves another model than the one being converted."""

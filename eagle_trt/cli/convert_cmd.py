@@ -30,6 +30,22 @@ def convert(
     regenerate: Annotated[bool, typer.Option(
         "--regenerate", help="Let the target write the responses first (self-distillation).")] = False,
     max_new_tokens: Annotated[int, typer.Option(help="Response length for --regenerate.")] = 256,
+    regenerate_endpoint: Annotated[Optional[str], typer.Option(
+        "--regenerate-endpoint", help="URL[,URL...] of OpenAI-compatible servers (trtllm-serve, vLLM, SGLang, "
+                                      "eagle-trt serve) serving MODEL: --regenerate asks them (greedy, token-id "
+                                      "prompts to /v1/completions) instead of generating here. Progress is kept "
+                                      "in the work dir: a killed run continues where it stopped.")] = None,
+    regenerate_model: Annotated[Optional[str], typer.Option(
+        "--regenerate-model", help="The model id to ask the servers for (default: the id at /v1/models that names "
+                                   "MODEL). Their answers are checked against MODEL's own either way.")] = None,
+    regenerate_concurrency: Annotated[int, typer.Option(
+        "--regenerate-concurrency", help="Requests in flight per --regenerate-endpoint URL.")] = 8,
+    regenerate_retries: Annotated[int, typer.Option(
+        "--regenerate-retries", help="Retries per request after a connection error, timeout, 429 or 5xx "
+                                     "(backoff 0.5 s doubling, at most 8 s).")] = 5,
+    regenerate_api_key: Annotated[Optional[str], typer.Option(
+        "--regenerate-api-key", envvar="EAGLE_TRT_REGENERATE_API_KEY",
+        help="Sent as 'Authorization: Bearer KEY' to the servers (also EAGLE_TRT_REGENERATE_API_KEY).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted training run.")] = False,
     work_dir: Annotated[Optional[Path], typer.Option(
         help="Where the feature cache and training checkpoint live (default: .<OUTPUT>.train, removed "
@@ -65,6 +81,9 @@ def convert(
 
       eagle-trt convert model.gguf --output ckpt --data humaneval --regenerate --epochs 3 --draft-vocab-size 8192
 
+      eagle-trt convert Qwen3-8B --output ckpt --data sharegpt --regenerate --epochs 2 \\
+          --regenerate-endpoint http://gpu1:8000,http://gpu2:8000   # answers from running servers
+
       eagle-trt convert model.gguf --output ckpt --head heads/smollm2-135m-instruct
 
       eagle-trt convert big.gguf --draft-model small.gguf --output ckpt   # a small LM of the same family drafts
@@ -76,12 +95,17 @@ def convert(
         seed=seed, validate=validate, head=head, calibrate_kv=calibrate_kv, device=device, overwrite=force,
         max_shard_size=max_shard_size,
         draft_model=draft_model),
-        json_out)
+        json_out, None if regenerate_endpoint is None else dict(
+            spec=regenerate_endpoint, model=regenerate_model, concurrency=regenerate_concurrency,
+            retries=regenerate_retries, api_key=regenerate_api_key))
 
 
-def _convert(model, output, options: dict, json_out) -> None:
+def _convert(model, output, options: dict, json_out, endpoint: dict | None = None) -> None:
     from eagle_trt.convert import convert_model
+    from eagle_trt.convert.regen_endpoint import EndpointOptions
 
+    if endpoint is not None:
+        options["regenerate_endpoint"] = EndpointOptions.parse(endpoint.pop("spec"), **endpoint)
     result = convert_model(model, output, progress=not json_out, **options)
     if json_out:
         print_json(result.summary)

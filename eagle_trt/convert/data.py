@@ -260,8 +260,10 @@ def _holdout_indices(n_candidates: int, n_val: int) -> list[int]:
 
 def build_dataset(specs: list[str | Path], tokenizer, seq_len: int = 512, model=None, regenerate_answers: bool = False,
                   n_val: int = 4, max_new_tokens: int = 256, gen_batch_size: int = 8,
-                  progress: bool = True) -> Dataset:
-    """Records -> (regenerated) token sequences chunked to seq_len, plus held-out prompts."""
+                  progress: bool = True, answer=None) -> Dataset:
+    """Records -> (regenerated) token sequences chunked to seq_len, plus held-out prompts. `answer(prompts,
+    max_new_tokens, progress)`, when given, writes the answers instead of `model` (a serving endpoint:
+    `regen_endpoint.py`)."""
     if seq_len < MIN_CHUNK:
         raise InputError(f"--seq-len must be >= {MIN_CHUNK}; got {seq_len}")
     records = read_records(specs)
@@ -274,12 +276,13 @@ def build_dataset(specs: list[str | Path], tokenizer, seq_len: int = 512, model=
 
     token_lists: list[list[int]] = []
     if regenerate_answers:
-        if model is None:
+        if model is None and answer is None:
             raise ValueError("regenerate needs the target model")
         # A prompt that already carries a response is kept as is (e.g. answers the target wrote earlier).
         gen_idx = [i for i, r in enumerate(train) if has_prompt(r) and r.response is None]
         prompts = [prompt_ids(train[i], tokenizer, max_tokens=seq_len) for i in gen_idx]
-        answers = regenerate(model, tokenizer, prompts, max_new_tokens, gen_batch_size, progress)
+        answers = (answer(prompts, max_new_tokens, progress) if answer is not None
+                   else regenerate(model, tokenizer, prompts, max_new_tokens, gen_batch_size, progress))
         regenerated = {i: p + a for i, p, a in zip(gen_idx, prompts, answers)}
         token_lists = [regenerated.get(i) or record_ids(r, tokenizer) for i, r in enumerate(train)]
     else:

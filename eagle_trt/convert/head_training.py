@@ -16,6 +16,7 @@ from .data import Dataset, build_dataset
 from .device import training_matmul
 from .draft_vocab import d2t_from_vocab, load_d2t, ranking, select_draft_vocab
 from .export import write_draft
+from .regen_endpoint import PROGRESS_NAME, EndpointRegenerator
 from .stages import Stages
 from .train import build_feature_cache, load_feature_cache, run_config_dict, train_head
 
@@ -74,7 +75,8 @@ def attach_and_train(model, tokenizer, info, stage: Path, stages: Stages, work: 
         dataset, d2t, cache = _prepare_training(
             model, tokenizer, info, train["data"], work, stages, train["progress"], seq_len=train["seq_len"],
             batch_size=train["batch_size"], regenerate=train["regenerate"], max_new_tokens=train["max_new_tokens"],
-            val_prompts=train["val_prompts"], draft_vocab_size=draft_vocab_size, eos=eos)
+            val_prompts=train["val_prompts"], draft_vocab_size=draft_vocab_size, eos=eos,
+            endpoint=train.get("endpoint"))
     with stages.stage("attach", "Attaching EAGLE-3 head (modelopt)"):
         # On the CPU: the head's seeded initialisation is then the same whatever device trains it.
         model = attach_eagle3(model.cpu(), draft_vocab_size)
@@ -95,7 +97,8 @@ def attach_and_train(model, tokenizer, info, stage: Path, stages: Stages, work: 
                 model.cpu()
         training = {"data": dataset.stats, "config": {**run_config, "batch_size": train["batch_size"],
                                                       "ttt_steps": train["ttt_steps"], "seed": train["seed"],
-                                                      "regenerate": train["regenerate"], "device": str(run_on)},
+                                                      "regenerate": train["regenerate"], "device": str(run_on),
+                                                      **_endpoint_summary(train.get("endpoint"))},
                     **result.summary()}
     with stages.stage("export_draft", "Writing draft head"):
         draft_config = write_draft(model, stage / "draft")
@@ -104,15 +107,29 @@ def attach_and_train(model, tokenizer, info, stage: Path, stages: Stages, work: 
     return draft_config, training, dataset.val_prompts if dataset is not None else []
 
 
+def _endpoint_summary(served) -> dict:
+    """What the training record says of the serving endpoints that wrote the answers (nothing without one)."""
+    return {} if served is None else {"regenerate_endpoint": {"model": served.model,
+                                                              "urls": [ep.url for ep in served.endpoints]}}
+
+
 def _prepare_training(model, tokenizer, info, data, work: Path, stages: Stages, progress: bool, *, seq_len,
-                      batch_size, regenerate, max_new_tokens, val_prompts, draft_vocab_size, eos):
-    """Dataset (cached in the work dir), target feature cache, and d2t (None at full vocab)."""
+                      batch_size, regenerate, max_new_tokens, val_prompts, draft_vocab_size, eos, endpoint=None):
+    """Dataset (cached in the work dir), target feature cache, and d2t (None at full vocab). `endpoint` (a
+    `regen_endpoint.Served`): the answers come from those servers, with their progress kept in the work dir."""
+    answer = None
+    if regenerate and endpoint is not None:
+        answer = EndpointRegenerator(endpoint, model, tokenizer, eos, work / PROGRESS_NAME,
+                                     {"target": _source_stamp(Path(info.path).expanduser().resolve())})
     key = _data_key(info.path, data, seq_len=seq_len, regenerate=regenerate,
-                    max_new_tokens=max_new_tokens if regenerate else None, val_prompts=val_prompts)
+                    max_new_tokens=max_new_tokens if regenerate else None, val_prompts=val_prompts,
+                    **({"answers_from": "endpoint"} if answer is not None else {}))
     with stages.stage("data", "Preparing training data", spinner=not regenerate):
         dataset, reused = _load_or_build_dataset(work, key, lambda: build_dataset(
             data, tokenizer, seq_len, model=model, regenerate_answers=regenerate, n_val=val_prompts,
-            max_new_tokens=max_new_tokens, gen_batch_size=max(8, batch_size), progress=progress))
+            max_new_tokens=max_new_tokens, gen_batch_size=max(8, batch_size), progress=progress, answer=answer))
+    if answer is not None and answer.stats:
+        dataset.stats["regeneration"] = answer.stats
     aux_ids = default_aux_layer_ids(model.config.num_hidden_layers)
     cache_key = hashlib.sha256(json.dumps([key, aux_ids, "bfloat16"]).encode()).hexdigest()[:32]
     device = next(model.parameters()).device

@@ -47,6 +47,7 @@ from .draft_model import convert_with_draft_model
 from .export import check_output_dir, staged_output, write_manifest, write_target
 from .head_training import attach_and_train
 from .load_target import load_target
+from .regen_endpoint import EndpointOptions, connect
 from .result import ConvertResult
 from .stages import Stages, versions
 from .train import TrainConfig
@@ -154,6 +155,7 @@ def convert_model(
     device: str | None = "auto",
     max_shard_size: str | int = "5GB",
     draft_model: str | Path | None = None,
+    regenerate_endpoint: EndpointOptions | None = None,
 ) -> ConvertResult:
     """Convert MODEL (HF dir or .gguf) into OUT with an EAGLE-3 draft head; see the module doc.
 
@@ -161,7 +163,12 @@ def convert_model(
     on `data` (see `data.py` for the accepted inputs) for `steps` optimizer steps or `epochs` passes.
     `device` ('auto', 'cpu', 'cuda', 'cuda:N') is where regeneration, feature caching and training run;
     everything written is on the CPU (see `device.py`). `draft_model`: draft with that small LM instead of a head
-    (`draft_model.py`)."""
+    (`draft_model.py`). `regenerate_endpoint`: --regenerate asks these OpenAI-compatible servers
+    (`regen_endpoint.py`), checked before the target loads."""
+    if regenerate_endpoint is not None and (draft_model is not None or not regenerate
+                                            or (steps <= 0 and epochs is None)):
+        raise InputError("--regenerate-endpoint is where --regenerate gets the answers for training a head: add "
+                         "--regenerate and --steps N or --epochs N (and no --draft-model)")
     if draft_model is not None:
         return convert_with_draft_model(model_path, draft_model, output_dir, overwrite, progress, dict(
             steps=steps, epochs=epochs, data=data, head=head, draft_vocab_size=draft_vocab_size), max_shard_size)
@@ -171,6 +178,7 @@ def convert_model(
                                                            ttt_steps=ttt_steps, checkpoint_every=checkpoint_every,
                                                            seed=seed))
     run_on, out, work = _prepare(model_path, output_dir, overwrite, head, train, device, work_dir)
+    served = connect(regenerate_endpoint, model_path) if regenerate_endpoint is not None else None
     stages = Stages(progress)
 
     with stages.stage("load", f"Loading {model_path}"):
@@ -195,7 +203,7 @@ def convert_model(
                 cfg=cfg, data=data, run_on=run_on, seq_len=seq_len, batch_size=batch_size, lr=lr,
                 warmup_steps=warmup_steps, ttt_steps=ttt_steps, seed=seed, regenerate=regenerate,
                 max_new_tokens=max_new_tokens, val_prompts=val_prompts, resume=resume, progress=progress,
-                on_step=on_step), draft_vocab_size, eos)
+                on_step=on_step, endpoint=served), draft_vocab_size, eos)
             del model
             gc.collect()
             manifest, report = _check_head(stage, tokenizer, stages, _draft_manifest(info, steps, *trained),

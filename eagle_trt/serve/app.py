@@ -56,7 +56,8 @@ def make_app(session: Session, worker: EngineWorker, name: str, api_key: str | N
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
-        encode = lambda: prompt_ids(session.tokenizer, body.prompt, chat=False)  # noqa: E731
+        encode = lambda: _token_prompt(session, body.prompt) if isinstance(body.prompt, list) else prompt_ids(  # noqa: E731
+            session.tokenizer, body.prompt, chat=False)
         return await _complete(session, worker, name, body, encode, chat=False)
 
     return app
@@ -124,8 +125,19 @@ async def _complete(session: Session, worker: EngineWorker, name: str, body, enc
     choice = ({"index": 0, "message": {"role": "assistant", "content": content}} if chat
               else {"index": 0, "text": content, "logprobs": None})
     choice["finish_reason"] = done.finish_reason
+    if body.return_token_ids:
+        choice.update(prompt_token_ids=list(ids), token_ids=list(done.token_ids))
     return {**head, "object": "chat.completion" if chat else "text_completion", "choices": [choice],
             "usage": usage(done.prompt_tokens, done.completion_tokens), "eagle_trt": _extension(done)}
+
+
+def _token_prompt(session: Session, ids: list[int]) -> list[int]:
+    """A prompt given as token ids, each checked against the engine's vocabulary."""
+    vocab = session.runner.target.spec.vocab_size
+    bad = next((t for t in ids if t >= vocab), None)
+    if bad is not None:
+        raise ApiError(400, f"prompt token id {bad} is outside this model's vocabulary of {vocab}", "prompt")
+    return list(ids)
 
 
 def _prepare(session: Session, worker: EngineWorker, body, encode):

@@ -71,6 +71,8 @@ class _Sampling(BaseModel):
     # eagle-trt's own: "ar" decodes this request plainly (the reference every speculative answer equals; bench-serve
     # compares the two), "eagle" (default) speculatively.
     mode: Literal["eagle", "ar"] | None = None
+    # As vLLM names it: the choice also carries the prompt's and the answer's token ids (not with stream).
+    return_token_ids: bool = False
 
     @field_validator("stop")
     @classmethod
@@ -87,6 +89,8 @@ class _Sampling(BaseModel):
         for name, value in (self.model_extra or {}).items():
             if name in _NEUTRAL and value not in (_NEUTRAL[name], None):
                 raise ValueError(f"{name} is not supported by this server (leave it out)")
+        if self.return_token_ids and self.stream:
+            raise ValueError("return_token_ids is answered without stream (leave one out)")
         return self
 
     @property
@@ -108,14 +112,20 @@ class ChatRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str]
+    # A string, a list of one string, or (as OpenAI's API allows) the prompt's token ids: decoded as they are, no
+    # template and no BOS added, so a client that tokenized the prompt itself gets exactly that prompt.
+    prompt: str | list[str] | list[int]
 
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, v):
+        if isinstance(v, list) and v and all(isinstance(t, int) for t in v):
+            if min(v) < 0:
+                raise ValueError("prompt token ids must be >= 0")
+            return v
         if isinstance(v, list):
             if len(v) != 1:
-                raise ValueError("prompt must be one string (a list of one string is accepted)")
+                raise ValueError("prompt must be one string, a list of one string, or a list of token ids")
             v = v[0]
         if not v:
             raise ValueError("prompt is empty")

@@ -46,6 +46,7 @@ class Finished:
     completion_tokens: int
     metrics: dict  # the runner's per-request metrics (tau, verify steps, ...)
     accepted_draft_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)  # the answer's tokens, the end token it stopped at included
 
 
 @dataclass
@@ -100,7 +101,8 @@ class Stream:
         reason = "stop" if self.scan.stopped else FINISH.get(m.stop_reason, "stop")
         metrics.finished(m, len(self.job.prompt_ids), self.job.submitted, self.first)
         accepted = sum(s.accepted for s in m.steps) if m.mode == "eagle" else 0
-        return Finished(reason, len(self.job.prompt_ids), len(request.output), m.to_dict(), accepted)
+        return Finished(reason, len(self.job.prompt_ids), len(request.output), m.to_dict(), accepted,
+                        list(request.output))
 
 
 class EngineWorker(threading.Thread):
