@@ -68,11 +68,12 @@ def fake_llama_cpp(tokenizer, outputs, calls, part_at=None, tokenize_part=None):
                      **kwargs):
             self.kwargs = dict(model_path=model_path, n_ctx=n_ctx, n_threads=n_threads,
                                n_threads_batch=n_threads_batch, draft_model=draft_model, **kwargs)
-            self.events = []
+            self.events, self.tokenized = [], []
             calls.append(self)
 
         def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False):
             assert isinstance(text, bytes) and special
+            self.tokenized.append((text.decode("utf-8"), add_bos))
             ids = list(tokenizer(text.decode("utf-8"), add_special_tokens=add_bos).input_ids)
             if tokenize_part and tokenize_part[0] in text.decode():
                 ids[tokenize_part[1]] += 1
@@ -130,6 +131,8 @@ def test_bench_runs_llama_cpp_on_our_token_ids_and_reports_it(engine, prompt_fil
         assert all(e == "reset" for e in llama.events[0::2]) and len(llama.events) == 2 * len(gens)
         assert {tuple(g[1]) for g in gens[1:]} == set(outputs)  # our token ids, never text
         assert all(g[2] == 0.0 and g[3] == 1.0 for g in gens)  # greedy, no repeat penalty
+    # The chat template's rendering is tokenized without added specials, a raw prompt (b) with them, as ours are.
+    assert [(t.startswith("abc"), bos) for t, bos in plain.tokenized] == [(False, False), (True, True), (False, False)]
     assert plain.kwargs["draft_model"] is None
     draft = lookup.kwargs["draft_model"]
     assert isinstance(draft, FakeLookup) and (draft.max_ngram_size, draft.num_pred_tokens) == (2, 2)
