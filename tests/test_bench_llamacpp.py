@@ -221,12 +221,12 @@ def test_llama_cpp_for_real_on_smollm2(tmp_path_factory):
     from eagle_trt.engine.builder import build_engine
 
     tmp = tmp_path_factory.mktemp("smollm2-llama")
-    convert_model(GGUF, tmp / "ckpt", steps=0, progress=False)
+    convert_model(GGUF, tmp / "ckpt", head=REPO / "heads" / "smollm2-135m-instruct", progress=False)  # no training
     build_engine(parse_config({"name": "smol", "checkpoint_dir": str(tmp / "ckpt"), "max_output_len": 64}),
                  output_dir=tmp / "engine")
     torch.set_num_threads(1)
     res = bench_engine(tmp / "engine", "chat", limit=3, max_new_tokens=24, repeats=1,
-                       methods=["llama.cpp", "llama.cpp-lookup"], machine=False, plots=False, gguf=GGUF)
+                       methods=["ar", "llama.cpp", "llama.cpp-lookup"], machine=False, plots=False, gguf=GGUF)
     info = res["llama_cpp"]
     assert info["llama_cpp_python"] == llama_cpp.__version__ and info["threads"] == 1
     assert info["tokenizer"]["prompts"] == 3

@@ -47,7 +47,8 @@ def bench(
              "speculative and llama.cpp methods: their outputs are checked against it.")] = None,
     gguf: Annotated[Optional[Path], typer.Option(
         help="The GGUF the llama.cpp methods decode: the file the engine was converted from.")] = None,
-    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads, and llama.cpp's (default: torch's choice).")] = None,
+    threads: Annotated[Optional[int], typer.Option(
+        help="torch CPU threads, and llama.cpp's (default: torch's choice).")] = None,
     roofline: Annotated[bool, typer.Option("--roofline/--no-roofline",
                                            help="Measure memory bandwidth and the verify-cost curve.")] = True,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the PNG plots.")] = True,
@@ -63,6 +64,7 @@ def bench(
     the command exits 1 (after writing the report).
 
     Example: eagle-trt bench --engine engines/smollm2-135m-eagle3 --prompts chat --limit 10 --out bench-out
+    Beside llama.cpp: add --methods ar,tree-lookup,llama.cpp,llama.cpp-lookup --gguf FILE.gguf
     """
     handle_errors(_bench)(engine, out, prompts, limit, max_new_tokens, repeats, methods, threads, roofline, plots,
                           json_out, skip_verify, force, gguf)
