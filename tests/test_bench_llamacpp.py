@@ -60,8 +60,8 @@ class FakeLookup:
 
 def fake_llama_cpp(tokenizer, outputs, calls, part_at=None, tokenize_part=None):
     """A llama_cpp module whose Llama decodes like our ar (the recorded outputs, then token 1 forever), with the
-    output altered at token `part_at` and the tokenization of prompt text containing `tokenize_part[0]` altered at
-    position tokenize_part[1]."""
+    output altered at token part_at["plain"] (a Llama without drafter) or part_at["lookup"] (with one), and the
+    tokenization of prompt text containing `tokenize_part[0]` altered at position tokenize_part[1]."""
 
     class Llama:
         def __init__(self, model_path, *, n_ctx=512, n_threads=None, n_threads_batch=None, draft_model=None,
@@ -85,8 +85,9 @@ def fake_llama_cpp(tokenizer, outputs, calls, part_at=None, tokenize_part=None):
         def generate(self, tokens, temp=0.8, repeat_penalty=1.1, reset=True, **kwargs):
             self.events.append(("generate", list(tokens), temp, repeat_penalty))
             out = list(outputs[tuple(tokens)])
-            if part_at is not None and part_at < len(out):
-                out[part_at] = (out[part_at] + 1) % 256
+            at = (part_at or {}).get("plain" if self.kwargs["draft_model"] is None else "lookup")
+            if at is not None and at < len(out):
+                out[at] = (out[at] + 1) % 256
             yield from out
             while True:
                 yield 1
@@ -148,6 +149,8 @@ def test_bench_runs_llama_cpp_on_our_token_ids_and_reports_it(engine, prompt_fil
         s = res["summary"][name]
         assert s["generated_tokens"] == sum(len(v) for v in outputs.values()) and s["tokens_per_second"]["min"] > 0
         assert res["speedups"]["ar"][name]["median"] > 0  # llama.cpp is a baseline: "vs llama.cpp"
+    assert info["lookup_vs_plain"] == {"llama.cpp-lookup": {"reference": "llama.cpp", "prompts": 3, "equal": 3,
+                                                            "first_difference": {}}}
     assert not res["failures"] and not res["warnings"]
     assert "vs llama.cpp" in r.stdout
     assert "llama.cpp: llama-cpp-python 0.3.36, llama.cpp 0c1e570; tokenizer agrees on 3/3 prompts" in r.stdout
@@ -158,26 +161,30 @@ def test_bench_runs_llama_cpp_on_our_token_ids_and_reports_it(engine, prompt_fil
 def test_where_llama_cpp_parts_from_us_is_reported_not_failed(engine, prompt_file, reference, tmp_path, monkeypatch):
     tokenizer, outputs = reference
     calls = []
-    fake = fake_llama_cpp(tokenizer, outputs, calls, part_at=5, tokenize_part=("abc", 2))
+    fake = fake_llama_cpp(tokenizer, outputs, calls, part_at={"plain": 5, "lookup": 7}, tokenize_part=("abc", 2))
     for name, mod in fake.items():
         monkeypatch.setitem(sys.modules, name, mod)
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")
     out = tmp_path / "out"
-    r = run_bench(engine, prompt_file, out, "--methods", "ar,llama.cpp", "--gguf", str(gguf))
+    r = run_bench(engine, prompt_file, out, "--methods", "ar,llama.cpp,llama.cpp-lookup", "--gguf", str(gguf))
     assert r.exit_code == 0, r.output
     res = json.loads((out / "results.json").read_text())
     info = res["llama_cpp"]
     assert info["greedy_vs_ar"]["llama.cpp"]["first_difference"] == {"a": 5, "b": 5, "c": 5}
     assert info["greedy_vs_ar"]["llama.cpp"]["equal"] == 0
+    assert info["greedy_vs_ar"]["llama.cpp-lookup"]["first_difference"] == {"a": 7, "b": 7, "c": 7}
+    # llama.cpp's speculation against its own plain decoding: they part where the plain output was altered.
+    assert info["lookup_vs_plain"]["llama.cpp-lookup"]["first_difference"] == {"a": 5, "b": 5, "c": 5}
     (tok,) = info["tokenizer"]["mismatches"]
     assert (tok["prompt"], tok["first_difference"], info["tokenizer"]["agree"]) == ("b", 2, 2)
     assert "Warning: llama.cpp tokenizes prompt b differently from ours from token 2" in r.stderr
     kinds = [w["kind"] for w in res["warnings"]]
-    assert kinds.count("llama_cpp_differs") == 6 and kinds.count("llama_cpp_tokenizer") == 1
+    assert kinds.count("llama_cpp_differs") == 12 and kinds.count("llama_cpp_tokenizer") == 1
     assert "llama.cpp = ar on 0/3 (parts on a at token 5, b at token 5, c at token 5)" in r.stdout
     md = (out / "report.md").read_text()
     assert "llama.cpp tokenizes 2 of 3 prompts exactly as ours" in md and "a at token 5" in md
+    assert "`llama.cpp-lookup` greedy tokens equal `llama.cpp`'s on 0 of 3 prompts (parts on a at token 5" in md
 
 
 def test_llama_cpp_stops_where_ours_do():

@@ -23,10 +23,12 @@ from eagle_trt.runtime.session import Session
 
 def run_bench(methods: list[Method], prompts: list[tuple[Prompt, list[int]]], max_new_tokens: int,
               repeats: int = 3, warmup: bool = True,
-              progress: Callable[[str], None] | None = None, references: dict | None = None) -> dict:
-    """Returns {"runs", "checks", "failures", "warnings", "summary", "speedups", "per_prompt"}.
+              progress: Callable[[str], None] | None = None, references: dict | None = None,
+              compare: list[tuple[str, str]] = ()) -> dict:
+    """Returns {"runs", "checks", "failures", "warnings", "summary", "speedups", "per_prompt", "comparisons"}.
 
-    references: method name -> (reference method name, fatal) for the output checks; default REFERENCE."""
+    references: method name -> (reference method name, fatal) for the output checks; default REFERENCE.
+    compare: further (method, other method) pairs whose outputs are compared, for information only."""
     if warmup and prompts:
         for m in methods:  # first-call costs (allocator, lazy init) stay out of the numbers
             m.run(prompts[0][1], min(max_new_tokens, 8))
@@ -49,9 +51,11 @@ def run_bench(methods: list[Method], prompts: list[tuple[Prompt, list[int]]], ma
                     progress(f"[{done}/{total}] repeat {r + 1} {p.id} {m.name}: "
                              f"{runs[-1]['tokens_per_second']:.1f} tok/s")
     checks = check_outputs(runs, references)
+    comparisons = [c for m, other in compare for c in check_outputs(runs, {m: (other, False)})]
     names = [m.name for m in methods]
     result = aggregate(runs, names, repeats)
     result["checks"] = checks
+    result["comparisons"] = comparisons
     result["failures"] = [c for c in checks if not c["match"] and c["fatal"]]
     result["warnings"] = [_differs(c) for c in checks if not c["match"] and not c["fatal"]]
     result["methods"] = {m.name: {"speculative": m.speculative, **m.settings} for m in methods}
@@ -178,12 +182,15 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
             progress(f"warning: {w['message']}")
     truncated = len(cut)
     llama = _llama_cpp_info(method_objs, session.tokenizer, full, progress)
-    results = run_bench(method_objs, encoded, max_new_tokens, repeats, progress=progress)
+    # llama.cpp's speculation against its own plain decoding: whether its batched verify keeps its greedy output.
+    pair = [("llama.cpp-lookup", "llama.cpp")] if {"llama.cpp", "llama.cpp-lookup"} <= set(methods) else []
+    results = run_bench(method_objs, encoded, max_new_tokens, repeats, progress=progress, compare=pair)
     results["warnings"] = cut + (llama["tokenizer"]["mismatches"] if llama else []) + results["warnings"]
     if llama:
         from eagle_trt.bench.llamacpp import greedy_agreement
 
-        results["llama_cpp"] = {**llama, "greedy_vs_ar": greedy_agreement(results["checks"], llama["methods"])}
+        results["llama_cpp"] = {**llama, "greedy_vs_ar": greedy_agreement(results["checks"], llama["methods"]),
+                                "lookup_vs_plain": greedy_agreement(results["comparisons"], [m for m, _ in pair])}
     results["config"] = {
         "engine": str(engine), "prompts": prompts, "num_prompts": len(encoded), "limit": limit,
         "max_new_tokens": max_new_tokens, "repeats": repeats, "methods": methods,
