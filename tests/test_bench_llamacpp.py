@@ -82,6 +82,9 @@ def fake_llama_cpp(tokenizer, outputs, calls, part_at=None, tokenize_part=None):
         def reset(self):
             self.events.append("reset")
 
+        def n_vocab(self):
+            return 256
+
         def generate(self, tokens, temp=0.8, repeat_penalty=1.1, reset=True, **kwargs):
             self.events.append(("generate", list(tokens), temp, repeat_penalty))
             out = list(outputs[tuple(tokens)])
@@ -200,6 +203,71 @@ def test_llama_cpp_stops_where_ours_do():
 
     assert LlamaCppMethod("llama.cpp", Stub(), [2], {}).run([1], 10).token_ids == [5, 6, 2]
     assert LlamaCppMethod("llama.cpp", Stub(), [99], {}).run([1], 4).token_ids == [5, 6, 2, 7]
+
+
+class StubDraftLlama:
+    """The part of `Llama` a GGUFDrafter uses: input_ids / n_tokens, eval (drops the cache past n_tokens, then
+    decodes), sample (here: the last decoded token + 1, so stale logits show)."""
+
+    def __init__(self):
+        self.input_ids, self.n_tokens, self.evals, self.last = [0] * 64, 0, [], None
+
+    def eval(self, tokens):
+        self.input_ids[self.n_tokens:self.n_tokens + len(tokens)] = tokens
+        self.n_tokens += len(tokens)
+        self.evals.append(list(tokens))
+        self.last = tokens[-1] if tokens else self.last
+
+    def sample(self, temp=0.8, repeat_penalty=1.1):
+        assert temp == 0.0 and repeat_penalty == 1.0
+        return self.last + 1
+
+
+def test_the_gguf_drafter_drafts_a_greedy_chain_and_keeps_the_shared_prefix_cached():
+    import numpy as np
+
+    from eagle_trt.bench.llamacpp import GGUFDrafter
+
+    stub = StubDraftLlama()
+    draft = GGUFDrafter(stub, 3)
+    ids = np.array([5, 6, 7], dtype=np.intc)
+    assert list(draft(ids)) == [8, 9, 10] and stub.evals == [[5, 6, 7], [8], [9]]
+    # The target accepted 8 and 9, then its own 20: only 20 is new to the draft's cache.
+    assert list(draft(np.array([5, 6, 7, 8, 9, 20]))) == [21, 22, 23] and stub.evals[3:] == [[20], [21], [22]]
+    # All of it rejected (30 instead of 21): the draft's cache is cut back to the accepted prefix.
+    assert list(draft(np.array([5, 6, 7, 8, 9, 20, 30]))) == [31, 32, 33] and stub.evals[6] == [30]
+    assert stub.n_tokens == 9
+    # A context the draft has evaluated already: its last token is decoded again, for fresh logits.
+    assert list(draft(np.array([5, 6, 7, 8, 9, 20, 30, 31]))) == [32, 33, 34] and stub.evals[9] == [31]
+
+
+def test_llama_cpp_draft_runs_a_second_llama_on_the_draft_gguf(engine, prompt_file, reference, tmp_path,
+                                                               monkeypatch):
+    from eagle_trt.bench.llamacpp import DRAFT_TOKENS, GGUFDrafter
+
+    tokenizer, outputs = reference
+    calls = []
+    for name, mod in fake_llama_cpp(tokenizer, outputs, calls).items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    gguf, small = tmp_path / "model.gguf", tmp_path / "small.gguf"
+    gguf.write_bytes(b"GGUF")
+    small.write_bytes(b"GGUF")
+    out = tmp_path / "out"
+    r = run_bench(engine, prompt_file, tmp_path / "o0", "--methods", "llama.cpp-draft", "--gguf", str(gguf))
+    assert r.exit_code == 2 and "--methods llama.cpp-draft needs --draft-gguf FILE" in r.stderr, r.output
+    calls.clear()
+    r = run_bench(engine, prompt_file, out, "--methods", "llama.cpp,llama.cpp-draft", "--gguf", str(gguf),
+                  "--draft-gguf", str(small))
+    assert r.exit_code == 0, r.output
+    plain, drafter, target = calls  # the draft's Llama is made before the target's that holds it
+    assert drafter.kwargs["model_path"] == str(small) and drafter.kwargs["draft_model"] is None
+    assert drafter.kwargs["n_ctx"] == 64 + NEW + DRAFT_TOKENS and drafter.kwargs["n_threads"] == 1
+    assert isinstance(target.kwargs["draft_model"], GGUFDrafter) and target.kwargs["draft_model"].llama is drafter
+    assert target.kwargs["model_path"] == str(gguf) and plain.kwargs["draft_model"] is None
+    res = json.loads((out / "results.json").read_text())
+    assert res["methods"]["llama.cpp-draft"]["draft_model"] == {"GGUFDrafter": {"gguf": str(small),
+                                                                                 "num_pred_tokens": DRAFT_TOKENS}}
+    assert res["llama_cpp"]["lookup_vs_plain"]["llama.cpp-draft"]["equal"] == 3
 
 
 def test_llama_cpp_bad_input(engine, prompt_file, tmp_path, monkeypatch):

@@ -144,11 +144,13 @@ def aggregate(runs: list[dict], names: list[str], repeats: int) -> dict:
 def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_new_tokens: int = 64,
                  repeats: int = 3, methods: list[str] | None = None, out=None, verify: bool = True,
                  machine: bool = True, bandwidth_mb: int = 256, plots: bool = True, command: str = "",
-                 progress: Callable[[str], None] | None = None, force: bool = False, gguf=None) -> dict:
+                 progress: Callable[[str], None] | None = None, force: bool = False, gguf=None,
+                 draft_gguf=None) -> dict:
     """The whole `eagle-trt bench`: open the engine, run, measure the machine, write the report files.
 
     Returns the results dict (also written to out/results.json); results["failures"] lists every
-    speculative output that differs from plain AR decoding. gguf: the file the llama.cpp methods decode."""
+    speculative output that differs from plain AR decoding. gguf: the file the llama.cpp methods decode;
+    draft_gguf: the one llama.cpp-draft drafts with."""
 
     if repeats < 1:
         raise InputError(f"--repeats must be >= 1, got {repeats}")
@@ -165,7 +167,8 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
                          f"{session.config.max_output_len}")
     if methods is None:
         methods = default_methods(session)
-    method_objs = _methods(session, methods, gguf, max_new_tokens)  # a bad --methods fails before any prompt is read
+    # A bad --methods fails before any prompt is read.
+    method_objs = _methods(session, methods, (gguf, draft_gguf), max_new_tokens)
     max_in = session.runner.max_input_len
     encoded, cut, full = [], [], []
     for p in prompt_set:
@@ -183,7 +186,7 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
     truncated = len(cut)
     llama = _llama_cpp_info(method_objs, session.tokenizer, full, progress)
     # llama.cpp's speculation against its own plain decoding: whether its batched verify keeps its greedy output.
-    pair = [("llama.cpp-lookup", "llama.cpp")] if {"llama.cpp", "llama.cpp-lookup"} <= set(methods) else []
+    pair = [(m, "llama.cpp") for m in LLAMA_CPP_METHODS[1:] if m in methods and "llama.cpp" in methods]
     results = run_bench(method_objs, encoded, max_new_tokens, repeats, progress=progress, compare=pair)
     results["warnings"] = cut + (llama["tokenizer"]["mismatches"] if llama else []) + results["warnings"]
     if llama:
@@ -213,7 +216,7 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
     return results
 
 
-def _methods(session, names: list[str], gguf, max_new_tokens: int) -> list[Method]:
+def _methods(session, names: list[str], ggufs: tuple, max_new_tokens: int) -> list[Method]:
     """Our methods and HF's on the open session, llama.cpp's on the GGUF, in the order named."""
     ours = build_methods(session, [n for n in names if n not in LLAMA_CPP_METHODS])
     wanted = [n for n in names if n in LLAMA_CPP_METHODS]
@@ -224,7 +227,8 @@ def _methods(session, names: list[str], gguf, max_new_tokens: int) -> list[Metho
     # The context holds the longest prompt the engine takes plus this run's output (and the drafter's slack,
     # which llama-cpp-python cuts to the context itself).
     n_ctx = session.runner.max_input_len + max_new_tokens
-    theirs = build_llama_methods(wanted, gguf, torch.get_num_threads(), n_ctx, session.runner.eos_token_ids)
+    theirs = build_llama_methods(wanted, ggufs[0], torch.get_num_threads(), n_ctx, session.runner.eos_token_ids,
+                                 draft_gguf=ggufs[1])
     by_name = {m.name: m for m in ours + theirs}
     return [by_name[n] for n in names]
 

@@ -3,6 +3,8 @@ or `make llama-cpp`): the GGUF the engine was converted from, decoded by the too
 
     llama.cpp          llama.cpp's plain greedy decoding (`Llama.generate`, temp 0)
     llama.cpp-lookup   the same with llama-cpp-python's speculative drafter, `LlamaPromptLookupDecoding`
+    llama.cpp-draft    the same with a draft GGUF (`--draft-gguf`): the package ships no drafter for one, so
+                       `GGUFDrafter` below fills its `draft_model` hook with a second `Llama` drafting a greedy chain
 
 Both are fed the token ids our methods get (never text), run on the bench's thread count, and stop where ours do
 (an EOS token of the engine's, included, or max_new_tokens). Their greedy output is compared with our `ar`
@@ -30,6 +32,8 @@ PACKAGE = "llama-cpp-python"
 # llama-cpp-python's README advises 2 predicted tokens on CPU-only machines (10, the class default, for GPUs);
 # max_ngram_size 2 is the class default.
 LOOKUP_SETTINGS = {"max_ngram_size": 2, "num_pred_tokens": 2}
+# The chain a draft GGUF drafts per verify step (llama.cpp's own `llama-speculative` takes --draft-max).
+DRAFT_TOKENS = 4
 INSTALL_HINT = ("install the extra (it compiles llama.cpp): make llama-cpp, or "
                 "CMAKE_ARGS='-DGGML_NATIVE=ON' pip install 'eagle-trt[llama-cpp]'")
 
@@ -43,13 +47,16 @@ def import_llama_cpp():
                                      hint=INSTALL_HINT) from None
 
 
-def check_gguf(gguf) -> Path:
-    if gguf is None:
+def check_gguf(gguf, option: str = "--gguf") -> Path:
+    if gguf is None and option == "--gguf":
         raise InputError("--methods llama.cpp needs --gguf FILE: the GGUF llama.cpp decodes (the one the engine was "
                          "converted from, so both run the same model)")
+    if gguf is None:
+        raise InputError("--methods llama.cpp-draft needs --draft-gguf FILE: the draft model's GGUF (the target's "
+                         "vocabulary), e.g. the one the engine's draft model was converted from")
     path = Path(gguf)
     if not path.is_file() or path.suffix.lower() != ".gguf":
-        raise InputError(f"--gguf {path}: not a .gguf file; pass the GGUF the engine was converted from")
+        raise InputError(f"{option} {path}: not a .gguf file; pass the GGUF the engine was converted from")
     return path
 
 
@@ -111,10 +118,41 @@ class LlamaCppMethod(Method):
         return MethodOutput(out, time.perf_counter() - t)
 
 
-def build_llama_methods(names: list[str], gguf, threads: int, n_ctx: int, eos_token_ids: list[int]) -> list[Method]:
-    """The named llama.cpp methods on `gguf`, each with `threads` threads for decoding and prompt processing."""
+class GGUFDrafter:
+    """llama-cpp-python's `draft_model` hook (called with the context's token ids, returns the draft's token ids)
+    on a second `Llama`: a greedy chain of `tokens` tokens, the draft's KV cache kept for the prefix this call shares
+    with the tokens it evaluated last time (the part of the context the target accepted)."""
+
+    def __init__(self, llama, tokens: int):
+        self.llama, self.tokens = llama, tokens
+
+    def __call__(self, input_ids, /, **kwargs):
+        import numpy as np
+
+        ids = [int(t) for t in input_ids]
+        d = self.llama
+        keep = 0
+        for seen, now in zip(d.input_ids[: d.n_tokens], ids):
+            if int(seen) != now:
+                break
+            keep += 1
+        keep = min(keep, len(ids) - 1)  # one token at least is evaluated: its logits give the first draft
+        d.n_tokens = keep  # eval() drops the draft's cache past n_tokens before it decodes
+        d.eval(ids[keep:])
+        out = [int(d.sample(temp=0.0, repeat_penalty=1.0))]
+        while len(out) < self.tokens:
+            d.eval([out[-1]])
+            out.append(int(d.sample(temp=0.0, repeat_penalty=1.0)))
+        return np.array(out, dtype=np.intc)
+
+
+def build_llama_methods(names: list[str], gguf, threads: int, n_ctx: int, eos_token_ids: list[int],
+                        draft_gguf=None) -> list[Method]:
+    """The named llama.cpp methods on `gguf` (llama.cpp-draft drafting with `draft_gguf`), each with `threads`
+    threads for decoding and prompt processing."""
     module = import_llama_cpp()
     path = check_gguf(gguf)
+    draft_path = check_gguf(draft_gguf, "--draft-gguf") if "llama.cpp-draft" in names else None
     out: list[Method] = []
     for name in names:
         assert name in LLAMA_CPP_METHODS, name
@@ -124,7 +162,14 @@ def build_llama_methods(names: list[str], gguf, threads: int, n_ctx: int, eos_to
             spec = importlib.import_module("llama_cpp.llama_speculative")
             draft = spec.LlamaPromptLookupDecoding(**LOOKUP_SETTINGS)
             settings["draft_model"] = {"LlamaPromptLookupDecoding": dict(LOOKUP_SETTINGS)}
+        elif name == "llama.cpp-draft":
+            # Room for the chain past the target's context: the drafter evaluates up to DRAFT_TOKENS - 1 more.
+            draft = GGUFDrafter(_open(module, draft_path, threads, n_ctx + DRAFT_TOKENS, None), DRAFT_TOKENS)
+            settings["draft_model"] = {"GGUFDrafter": {"gguf": str(draft_path), "num_pred_tokens": DRAFT_TOKENS}}
         llama = _open(module, path, threads, n_ctx, draft)
+        if isinstance(draft, GGUFDrafter) and draft.llama.n_vocab() != llama.n_vocab():
+            raise InputError(f"--draft-gguf {draft_path}: its vocabulary ({draft.llama.n_vocab():,} tokens) is not "
+                             f"the target's ({llama.n_vocab():,}); pass a draft model of the same family")
         out.append(LlamaCppMethod(name, llama, eos_token_ids, settings))
     return out
 

@@ -22,6 +22,7 @@ llama.cpp on the GGUF the engine came from (the optional llama-cpp-python packag
 
     llama.cpp          its plain greedy decoding
     llama.cpp-lookup   its speculative mode: llama-cpp-python's prompt-lookup drafter
+    llama.cpp-draft    its speculative hook with a draft GGUF (a second llama.cpp model drafts a greedy chain)
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ SPECULATIVE = {"chain": ("eagle3", "chain"), "tree": ("eagle3", "tree"), "tree-l
                "tree-untuned": ("eagle3", "tree-untuned"), "draft-model-chain": ("model", "chain"),
                "draft-model": ("model", "tree"), "draft-model-lookup": ("model", "tree-lookup"),
                "draft-model-untuned": ("model", "tree-untuned")}
-LLAMA_CPP_METHODS = ("llama.cpp", "llama.cpp-lookup")
+LLAMA_CPP_METHODS = ("llama.cpp", "llama.cpp-lookup", "llama.cpp-draft")
 ALL_METHODS = ("hf", "hf-assisted", "ar", *SPECULATIVE, *LLAMA_CPP_METHODS)
 DRAFT_SHARE_METHODS = ("tree", "tree-lookup", "chain", "draft-model", "draft-model-lookup", "draft-model-chain")
 DEFAULT_METHODS = ("hf", "hf-assisted", "ar", "chain", "tree", "tree-lookup")

@@ -42,11 +42,14 @@ def bench(
              "draft-model-lookup, draft-model-untuned (a draft model drafts). Default: hf,hf-assisted,ar and the "
              "chain, tree and tree-lookup of the engine's drafter (+ its -untuned tree when the engine has tuned "
              "settings). hf-assisted is HF's assisted generation with the engine's draft model, or HF prompt "
-             "lookup for a head. llama.cpp and llama.cpp-lookup (its prompt-lookup speculation) decode --gguf with "
-             "llama.cpp (the optional llama-cpp-python package: make llama-cpp). ar always runs with the "
+             "lookup for a head. llama.cpp, llama.cpp-lookup (its prompt-lookup speculation) and llama.cpp-draft "
+             "(drafted by --draft-gguf) decode --gguf with llama.cpp (the optional llama-cpp-python package: make "
+             "llama-cpp). ar always runs with the "
              "speculative and llama.cpp methods: their outputs are checked against it.")] = None,
     gguf: Annotated[Optional[Path], typer.Option(
         help="The GGUF the llama.cpp methods decode: the file the engine was converted from.")] = None,
+    draft_gguf: Annotated[Optional[Path], typer.Option(
+        help="The GGUF that drafts for llama.cpp-draft: a small model of the target's family.")] = None,
     threads: Annotated[Optional[int], typer.Option(
         help="torch CPU threads, and llama.cpp's (default: torch's choice).")] = None,
     roofline: Annotated[bool, typer.Option("--roofline/--no-roofline",
@@ -67,11 +70,11 @@ def bench(
     Beside llama.cpp: add --methods ar,tree-lookup,llama.cpp,llama.cpp-lookup --gguf FILE.gguf
     """
     handle_errors(_bench)(engine, out, prompts, limit, max_new_tokens, repeats, methods, threads, roofline, plots,
-                          json_out, skip_verify, force, gguf)
+                          json_out, skip_verify, force, gguf, draft_gguf)
 
 
 def _bench(engine, out, prompts, limit, max_new_tokens, repeats, methods, threads, roofline, plots, json_out,
-           skip_verify, force, gguf) -> None:
+           skip_verify, force, gguf, draft_gguf) -> None:
     from eagle_trt.bench.harness import bench_engine
     from eagle_trt.bench.methods import parse_methods
     from eagle_trt.bench.report import llama_cpp_line, summary_table
@@ -88,7 +91,8 @@ def _bench(engine, out, prompts, limit, max_new_tokens, repeats, methods, thread
 
     results = bench_engine(engine, prompts, limit, max_new_tokens, repeats, names, out, verify=not skip_verify,
                            machine=roofline, plots=plots, command="eagle-trt " + " ".join(sys.argv[1:]),
-                           progress=progress, force=force, gguf=gguf)
+                           progress=progress, force=force, gguf=gguf,
+                           draft_gguf=draft_gguf)
     if json_out:
         print_json(results)
     else:
