@@ -300,13 +300,15 @@ def test_llama_cpp_for_real_on_smollm2(tmp_path_factory):
     build_engine(parse_config({"name": "smol", "checkpoint_dir": str(tmp / "ckpt"), "max_output_len": 64}),
                  output_dir=tmp / "engine")
     torch.set_num_threads(1)
-    res = bench_engine(tmp / "engine", "chat", limit=3, max_new_tokens=24, repeats=1,
-                       methods=["ar", "llama.cpp", "llama.cpp-lookup"], machine=False, plots=False, gguf=GGUF)
+    names = ["llama.cpp", "llama.cpp-lookup", "llama.cpp-draft"]  # the GGUF drafting for itself
+    res = bench_engine(tmp / "engine", "chat", limit=3, max_new_tokens=24, repeats=1, methods=["ar", *names],
+                       machine=False, plots=False, gguf=GGUF, draft_gguf=GGUF)
     info = res["llama_cpp"]
     assert info["llama_cpp_python"] == llama_cpp.__version__ and info["threads"] == 1
     assert info["tokenizer"]["prompts"] == 3
     assert info["tokenizer"]["agree"] == 3, info["tokenizer"]["mismatches"]  # SmolLM2's BPE: llama.cpp agrees
-    for name in ("llama.cpp", "llama.cpp-lookup"):
+    assert set(info["lookup_vs_plain"]) == {"llama.cpp-lookup", "llama.cpp-draft"}
+    for name in names:
         g = info["greedy_vs_ar"][name]
         assert g["prompts"] == 3 and g["equal"] + len(g["first_difference"]) == 3
         assert res["summary"][name]["tokens_per_second"]["median"] > 0
