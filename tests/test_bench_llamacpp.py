@@ -152,7 +152,7 @@ def test_bench_runs_llama_cpp_on_our_token_ids_and_reports_it(engine, prompt_fil
         s = res["summary"][name]
         assert s["generated_tokens"] == sum(len(v) for v in outputs.values()) and s["tokens_per_second"]["min"] > 0
         assert res["speedups"]["ar"][name]["median"] > 0  # llama.cpp is a baseline: "vs llama.cpp"
-    assert info["lookup_vs_plain"] == {"llama.cpp-lookup": {"reference": "llama.cpp", "prompts": 3, "equal": 3,
+    assert info["speculative_vs_plain"] == {"llama.cpp-lookup": {"reference": "llama.cpp", "prompts": 3, "equal": 3,
                                                             "first_difference": {}}}
     assert not res["failures"] and not res["warnings"]
     assert "vs llama.cpp" in r.stdout
@@ -178,7 +178,7 @@ def test_where_llama_cpp_parts_from_us_is_reported_not_failed(engine, prompt_fil
     assert info["greedy_vs_ar"]["llama.cpp"]["equal"] == 0
     assert info["greedy_vs_ar"]["llama.cpp-lookup"]["first_difference"] == {"a": 7, "b": 7, "c": 7}
     # llama.cpp's speculation against its own plain decoding: they part where the plain output was altered.
-    assert info["lookup_vs_plain"]["llama.cpp-lookup"]["first_difference"] == {"a": 5, "b": 5, "c": 5}
+    assert info["speculative_vs_plain"]["llama.cpp-lookup"]["first_difference"] == {"a": 5, "b": 5, "c": 5}
     (tok,) = info["tokenizer"]["mismatches"]
     assert (tok["prompt"], tok["first_difference"], info["tokenizer"]["agree"]) == ("b", 2, 2)
     assert "Warning: llama.cpp tokenizes prompt b differently from ours from token 2" in r.stderr
@@ -267,7 +267,7 @@ def test_llama_cpp_draft_runs_a_second_llama_on_the_draft_gguf(engine, prompt_fi
     res = json.loads((out / "results.json").read_text())
     assert res["methods"]["llama.cpp-draft"]["draft_model"] == {"GGUFDrafter": {"gguf": str(small),
                                                                                  "num_pred_tokens": DRAFT_TOKENS}}
-    assert res["llama_cpp"]["lookup_vs_plain"]["llama.cpp-draft"]["equal"] == 3
+    assert res["llama_cpp"]["speculative_vs_plain"]["llama.cpp-draft"]["equal"] == 3
 
 
 def test_llama_cpp_bad_input(engine, prompt_file, tmp_path, monkeypatch):
@@ -307,7 +307,7 @@ def test_llama_cpp_for_real_on_smollm2(tmp_path_factory):
     assert info["llama_cpp_python"] == llama_cpp.__version__ and info["threads"] == 1
     assert info["tokenizer"]["prompts"] == 3
     assert info["tokenizer"]["agree"] == 3, info["tokenizer"]["mismatches"]  # SmolLM2's BPE: llama.cpp agrees
-    assert set(info["lookup_vs_plain"]) == {"llama.cpp-lookup", "llama.cpp-draft"}
+    assert set(info["speculative_vs_plain"]) == {"llama.cpp-lookup", "llama.cpp-draft"}
     for name in names:
         g = info["greedy_vs_ar"][name]
         assert g["prompts"] == 3 and g["equal"] + len(g["first_difference"]) == 3

@@ -169,31 +169,14 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
         methods = default_methods(session)
     # A bad --methods fails before any prompt is read.
     method_objs = _methods(session, methods, (gguf, draft_gguf), max_new_tokens)
-    max_in = session.runner.max_input_len
-    encoded, cut, full = [], [], []
-    for p in prompt_set:
-        ids = p.encode(session.tokenizer)
-        full.append((p, ids))
-        if len(ids) > max_in:  # keep the end: that is where the model continues
-            cut.append({"kind": "truncated_prompt", "prompt": p.id, "tokens": len(ids), "kept": max_in,
-                        "message": f"prompt {p.id} has {len(ids):,} tokens, more than the engine's max_input_len "
-                                   f"{max_in:,}: only its last {max_in:,} are benchmarked"})
-            ids = ids[-max_in:]
-        encoded.append((p, ids))
-    for w in cut:
-        if progress:
-            progress(f"warning: {w['message']}")
+    encoded, cut, full = _encode(prompt_set, session, progress)
     truncated = len(cut)
     llama = _llama_cpp_info(method_objs, session.tokenizer, full, progress)
-    # llama.cpp's speculation against its own plain decoding: whether its batched verify keeps its greedy output.
-    pair = [(m, "llama.cpp") for m in LLAMA_CPP_METHODS[1:] if m in methods and "llama.cpp" in methods]
-    results = run_bench(method_objs, encoded, max_new_tokens, repeats, progress=progress, compare=pair)
+    results = run_bench(method_objs, encoded, max_new_tokens, repeats, progress=progress,
+                        compare=_llama_cpp_pairs(methods))
     results["warnings"] = cut + (llama["tokenizer"]["mismatches"] if llama else []) + results["warnings"]
     if llama:
-        from eagle_trt.bench.llamacpp import greedy_agreement
-
-        results["llama_cpp"] = {**llama, "greedy_vs_ar": greedy_agreement(results["checks"], llama["methods"]),
-                                "lookup_vs_plain": greedy_agreement(results["comparisons"], [m for m, _ in pair])}
+        _add_llama_cpp(results, llama)
     results["config"] = {
         "engine": str(engine), "prompts": prompts, "num_prompts": len(encoded), "limit": limit,
         "max_new_tokens": max_new_tokens, "repeats": repeats, "methods": methods,
@@ -214,6 +197,25 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
         report.write_json(results, out)
         report.write_markdown(results, out)
     return results
+
+
+def _encode(prompt_set, session, progress):
+    """Each prompt's ids as benchmarked (cut to the engine's max_input_len), the cuts, and the ids before any cut."""
+    max_in = session.runner.max_input_len
+    encoded, cut, full = [], [], []
+    for p in prompt_set:
+        ids = p.encode(session.tokenizer)
+        full.append((p, ids))
+        if len(ids) > max_in:  # keep the end: that is where the model continues
+            cut.append({"kind": "truncated_prompt", "prompt": p.id, "tokens": len(ids), "kept": max_in,
+                        "message": f"prompt {p.id} has {len(ids):,} tokens, more than the engine's max_input_len "
+                                   f"{max_in:,}: only its last {max_in:,} are benchmarked"})
+            ids = ids[-max_in:]
+        encoded.append((p, ids))
+    for w in cut:
+        if progress:
+            progress(f"warning: {w['message']}")
+    return encoded, cut, full
 
 
 def _methods(session, names: list[str], ggufs: tuple, max_new_tokens: int) -> list[Method]:
@@ -247,6 +249,21 @@ def _llama_cpp_info(method_objs, tokenizer, prompts, progress) -> dict | None:
             progress(f"warning: {w['message']}")
     return {**versions(import_llama_cpp()), "gguf": llama[0].settings["gguf"], "methods": [m.name for m in llama],
             "threads": llama[0].settings["threads"], "tokenizer": agreement}
+
+
+def _llama_cpp_pairs(names: list[str]) -> list[tuple[str, str]]:
+    """llama.cpp's speculation against its own plain decoding (whether its batched verify keeps its greedy output),
+    where both run."""
+    return [(m, "llama.cpp") for m in LLAMA_CPP_METHODS[1:] if m in names and "llama.cpp" in names]
+
+
+def _add_llama_cpp(results: dict, info: dict) -> None:
+    """results["llama_cpp"]: what llama.cpp ran, and where its greedy tokens equal ours and its own plain ones."""
+    from eagle_trt.bench.llamacpp import greedy_agreement
+
+    pairs = _llama_cpp_pairs(info["methods"])
+    results["llama_cpp"] = {**info, "greedy_vs_ar": greedy_agreement(results["checks"], info["methods"]),
+                            "speculative_vs_plain": greedy_agreement(results["comparisons"], [m for m, _ in pairs])}
 
 
 def _plots(results: dict, out) -> list:

@@ -158,7 +158,7 @@ def llama_cpp_line(info: dict) -> str:
     tok = info["tokenizer"]
     parts = [f"llama.cpp: llama-cpp-python {info['llama_cpp_python']}, llama.cpp {info.get('llama_cpp_commit') or '?'}",
              f"tokenizer agrees on {tok['agree']}/{tok['prompts']} prompts"]
-    for name, g in [*info["greedy_vs_ar"].items(), *info.get("lookup_vs_plain", {}).items()]:
+    for name, g in [*info["greedy_vs_ar"].items(), *info.get("speculative_vs_plain", {}).items()]:
         parts.append(f"{name} = {g['reference']} on {g['equal']}/{g['prompts']}" + _parts(g))
     return "; ".join(parts)
 
@@ -182,9 +182,9 @@ def _llama_cpp_md(info: dict | None) -> list[str]:
              f"{info['threads']} threads, on `{info['gguf']}`",
              f"- llama.cpp's CPU features: {info.get('system_info') or '?'}",
              f"- tokenizer: llama.cpp tokenizes {tok['agree']} of {tok['prompts']} prompts exactly as ours "
-             "(both are fed our token ids)"]
+             "(it is fed our token ids either way)"]
     lines += [f"  - {m['message']}" for m in tok["mismatches"][:10]]
-    for g_name, g in [*info["greedy_vs_ar"].items(), *info.get("lookup_vs_plain", {}).items()]:
+    for g_name, g in [*info["greedy_vs_ar"].items(), *info.get("speculative_vs_plain", {}).items()]:
         lines.append(f"- `{g_name}` greedy tokens equal `{g['reference']}`'s on {g['equal']} of {g['prompts']} "
                      "prompts" + _parts(g, most=10))
     return lines + [""]
