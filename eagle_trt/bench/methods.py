@@ -17,6 +17,12 @@ An EAGLE-3 engine (the head drafts):
 
 A draft-model engine (a small LM drafts), the same four: draft-model-chain, draft-model (the dynamic tree),
 draft-model-lookup, draft-model-untuned.
+
+llama.cpp on the GGUF the engine came from (the optional llama-cpp-python package; bench/llamacpp.py):
+
+    llama.cpp          its plain greedy decoding
+    llama.cpp-lookup   its speculative mode: llama-cpp-python's prompt-lookup drafter
+    llama.cpp-draft    its speculative hook with a draft GGUF (a second llama.cpp model drafts a greedy chain)
 """
 
 from __future__ import annotations
@@ -33,14 +39,17 @@ SPECULATIVE = {"chain": ("eagle3", "chain"), "tree": ("eagle3", "tree"), "tree-l
                "tree-untuned": ("eagle3", "tree-untuned"), "draft-model-chain": ("model", "chain"),
                "draft-model": ("model", "tree"), "draft-model-lookup": ("model", "tree-lookup"),
                "draft-model-untuned": ("model", "tree-untuned")}
-ALL_METHODS = ("hf", "hf-assisted", "ar", *SPECULATIVE)
+LLAMA_CPP_METHODS = ("llama.cpp", "llama.cpp-lookup", "llama.cpp-draft")
+ALL_METHODS = ("hf", "hf-assisted", "ar", *SPECULATIVE, *LLAMA_CPP_METHODS)
 DRAFT_SHARE_METHODS = ("tree", "tree-lookup", "chain", "draft-model", "draft-model-lookup", "draft-model-chain")
 DEFAULT_METHODS = ("hf", "hf-assisted", "ar", "chain", "tree", "tree-lookup")
 DEFAULT_MODEL_METHODS = ("hf", "hf-assisted", "ar", "draft-model-chain", "draft-model", "draft-model-lookup")
-BASELINES = ("hf", "hf-assisted", "ar")
+BASELINES = ("hf", "hf-assisted", "ar", *LLAMA_CPP_METHODS)
 # Which method's output each one must reproduce token for token at T=0, and whether a difference fails
-# the bench (our speculative decoding is lossless by construction) or is only reported (HF's numerics).
-REFERENCE = {**{name: ("ar", True) for name in SPECULATIVE}, "hf-assisted": ("hf", False), "hf": ("ar", False)}
+# the bench (our speculative decoding is lossless by construction) or is only reported (HF's and llama.cpp's
+# numerics are their own).
+REFERENCE = {**{name: ("ar", True) for name in SPECULATIVE}, "hf-assisted": ("hf", False), "hf": ("ar", False),
+             **{name: ("ar", False) for name in LLAMA_CPP_METHODS}}
 PROMPT_LOOKUP_TOKENS = 10
 DEFAULT_LOOKUP = (8, 2)  # (lookup_tokens, lookup_branches) of tree-lookup where the engine's settings turn it off
 # (with the build config's datastore_branches)
@@ -140,10 +149,11 @@ def parse_methods(text: str) -> list[str]:
     if bad or not names:
         raise InputError(f"--methods: unknown method(s) {', '.join(bad) or '(none)'}; choose from "
                          f"{', '.join(ALL_METHODS)}")
-    # References run too, so every speculative output has something to be checked against.
+    # References run too, so every speculative output has something to be checked against (and llama.cpp's greedy
+    # tokens are compared with ours).
     for m in list(names):
         ref = REFERENCE.get(m, (None, False))
-        if ref[1] and ref[0] not in names:
+        if (ref[1] or m in LLAMA_CPP_METHODS) and ref[0] not in names:
             names.insert(0, ref[0])
     return list(dict.fromkeys(names))
 

@@ -79,7 +79,7 @@ def markdown(results: dict) -> str:
               f"max_new_tokens {cfg.get('max_new_tokens')}, repeats {cfg.get('repeats')}, "
               f"threads {cfg.get('threads')}, kernels {cfg.get('kernels', '?')}",
               f"- command: `{cfg.get('command', '')}`", ""]
-    lines += _checks_md(results) + _summary_md(results)
+    lines += _checks_md(results) + _summary_md(results) + _llama_cpp_md(results.get("llama_cpp"))
     lines += ["## Methods", ""]
     for m, settings in results["methods"].items():
         lines.append(f"- `{m}`: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
@@ -113,7 +113,7 @@ def _checks_md(results: dict) -> list[str]:
     else:
         lines += [f"Lossless: all {n_checks} speculative outputs equal plain AR decoding token for token (T=0).", ""]
     cut = [w for w in warnings if w.get("kind") == "truncated_prompt"]
-    differ = [w for w in warnings if w.get("kind") != "truncated_prompt"]
+    differ = [w for w in warnings if w.get("kind") == "hf_differs"]
     if cut:
         lines += [f"**Warning: {len(cut)} prompt(s) longer than the engine's max_input_len were cut to their last "
                   f"{cut[0]['kept']:,} tokens** (the numbers below are for the cut prompts):", ""]
@@ -151,6 +151,43 @@ def _summary_md(results: dict) -> list[str]:
                   + (f", {look['datastore_accepted']} of them from the datastore." if look.get("datastore_accepted")
                      else "."), ""]
     return lines
+
+
+def llama_cpp_line(info: dict) -> str:
+    """One console line: llama.cpp's version, whether its tokenizer and greedy tokens agree with ours."""
+    tok = info["tokenizer"]
+    parts = [f"llama.cpp: llama-cpp-python {info['llama_cpp_python']}, llama.cpp {info.get('llama_cpp_commit') or '?'}",
+             f"tokenizer agrees on {tok['agree']}/{tok['prompts']} prompts"]
+    for name, g in [*info["greedy_vs_ar"].items(), *info.get("speculative_vs_plain", {}).items()]:
+        parts.append(f"{name} = {g['reference']} on {g['equal']}/{g['prompts']}" + _parts(g))
+    return "; ".join(parts)
+
+
+def _parts(g: dict, most: int = 3) -> str:
+    firsts = list(g["first_difference"].items())
+    if not firsts:
+        return ""
+    shown = ", ".join(f"{p} at token {i}" for p, i in firsts[:most])
+    return f" (parts on {shown}{', …' if len(firsts) > most else ''})"
+
+
+def _llama_cpp_md(info: dict | None) -> list[str]:
+    """What llama.cpp ran, whether its tokenizer agrees with ours, where its greedy tokens part from ours."""
+    if not info:
+        return []
+    tok = info["tokenizer"]
+    lines = ["## llama.cpp", "",
+             f"- llama-cpp-python {info['llama_cpp_python']}, vendored llama.cpp commit "
+             f"{info.get('llama_cpp_commit') or 'not exported'} (ggml {info.get('ggml_version') or '?'}), "
+             f"{info['threads']} threads, on `{info['gguf']}`",
+             f"- llama.cpp's CPU features: {info.get('system_info') or '?'}",
+             f"- tokenizer: llama.cpp tokenizes {tok['agree']} of {tok['prompts']} prompts exactly as ours "
+             "(it is fed our token ids either way)"]
+    lines += [f"  - {m['message']}" for m in tok["mismatches"][:10]]
+    for g_name, g in [*info["greedy_vs_ar"].items(), *info.get("speculative_vs_plain", {}).items()]:
+        lines.append(f"- `{g_name}` greedy tokens equal `{g['reference']}`'s on {g['equal']} of {g['prompts']} "
+                     "prompts" + _parts(g, most=10))
+    return lines + [""]
 
 
 def _roofline_md(results: dict) -> list[str]:

@@ -42,9 +42,16 @@ def bench(
              "draft-model-lookup, draft-model-untuned (a draft model drafts). Default: hf,hf-assisted,ar and the "
              "chain, tree and tree-lookup of the engine's drafter (+ its -untuned tree when the engine has tuned "
              "settings). hf-assisted is HF's assisted generation with the engine's draft model, or HF prompt "
-             "lookup for a head. ar always runs with the speculative methods: their outputs are checked against "
-             "it.")] = None,
-    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+             "lookup for a head. llama.cpp, llama.cpp-lookup (its prompt-lookup speculation) and llama.cpp-draft "
+             "(drafted by --draft-gguf) decode --gguf with llama.cpp (the optional llama-cpp-python package: make "
+             "llama-cpp). ar always runs with the "
+             "speculative and llama.cpp methods: their outputs are checked against it.")] = None,
+    gguf: Annotated[Optional[Path], typer.Option(
+        help="The GGUF the llama.cpp methods decode: the file the engine was converted from.")] = None,
+    draft_gguf: Annotated[Optional[Path], typer.Option(
+        help="The GGUF that drafts for llama.cpp-draft: a small model of the target's family.")] = None,
+    threads: Annotated[Optional[int], typer.Option(
+        help="torch CPU threads, and llama.cpp's (default: torch's choice).")] = None,
     roofline: Annotated[bool, typer.Option("--roofline/--no-roofline",
                                            help="Measure memory bandwidth and the verify-cost curve.")] = True,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the PNG plots.")] = True,
@@ -53,22 +60,24 @@ def bench(
     json_out: JsonOpt = False,
     skip_verify: SkipVerifyOpt = False,
 ) -> None:
-    """Benchmark an engine against HF transformers, HF prompt-lookup decoding and our own AR loop.
+    """Benchmark an engine against HF transformers, HF prompt-lookup decoding, our own AR loop and (on request)
+    llama.cpp.
 
     At T=0 every EAGLE output must equal the AR output token for token: a difference is reported and
     the command exits 1 (after writing the report).
 
     Example: eagle-trt bench --engine engines/smollm2-135m-eagle3 --prompts chat --limit 10 --out bench-out
+    Beside llama.cpp: add --methods ar,tree-lookup,llama.cpp,llama.cpp-lookup --gguf FILE.gguf
     """
     handle_errors(_bench)(engine, out, prompts, limit, max_new_tokens, repeats, methods, threads, roofline, plots,
-                          json_out, skip_verify, force)
+                          json_out, skip_verify, force, gguf, draft_gguf)
 
 
 def _bench(engine, out, prompts, limit, max_new_tokens, repeats, methods, threads, roofline, plots, json_out,
-           skip_verify, force) -> None:
+           skip_verify, force, gguf, draft_gguf) -> None:
     from eagle_trt.bench.harness import bench_engine
     from eagle_trt.bench.methods import parse_methods
-    from eagle_trt.bench.report import summary_table
+    from eagle_trt.bench.report import llama_cpp_line, summary_table
 
     require_engine(engine)
     names = parse_methods(methods) if methods is not None else None
@@ -82,7 +91,8 @@ def _bench(engine, out, prompts, limit, max_new_tokens, repeats, methods, thread
 
     results = bench_engine(engine, prompts, limit, max_new_tokens, repeats, names, out, verify=not skip_verify,
                            machine=roofline, plots=plots, command="eagle-trt " + " ".join(sys.argv[1:]),
-                           progress=progress, force=force)
+                           progress=progress, force=force, gguf=gguf,
+                           draft_gguf=draft_gguf)
     if json_out:
         print_json(results)
     else:
@@ -98,6 +108,8 @@ def _bench(engine, out, prompts, limit, max_new_tokens, repeats, methods, thread
             if "tree_draft_share" in roof:
                 line += f"; drafting = {roof['tree_draft_share']:.0%} of a tree step"
         console.print(line, soft_wrap=True)
+        if results.get("llama_cpp"):
+            console.print(llama_cpp_line(results["llama_cpp"]), soft_wrap=True)
         for w in results["warnings"][:5]:
             label = "warning" if w.get("kind") == "truncated_prompt" else "note"
             console.print(f"[yellow]{label}:[/] {escape(w['message'])}", soft_wrap=True)
