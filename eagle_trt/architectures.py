@@ -36,18 +36,32 @@ class Family:
     qk_norm: bool = False  # RMSNorm over each q and k head before RoPE (Qwen3, Gemma 3)
     gemma: bool = False  # Gemma 3's layer: sandwich norms, (1 + w) norms, GELU-tanh, scaled embeddings, windows
     gguf_arch: str = ""  # GGUF general.architecture when it is not model_type
+    # Whether TensorRT-LLM's PyTorch backend runs EAGLE-3 on this architecture, and where that was read (its model
+    # class takes spec_metadata and captures the aux hidden states: SpecDecOneEngineForCausalLM, docs/trtllm.md).
+    trtllm_eagle3: bool = True
+    trtllm_source: str = ""
 
 
 FAMILIES = (
     Family("llama", "LlamaForCausalLM", "Llama 2/3.x (incl. SmolLM2)", False),
     Family("qwen2", "Qwen2ForCausalLM", "Qwen2 / Qwen2.5", True),
-    Family("qwen3", "Qwen3ForCausalLM", "Qwen3 (dense)", False, qk_norm=True),
+    Family("qwen3", "Qwen3ForCausalLM", "Qwen3 (dense)", False, qk_norm=True,
+           trtllm_source="NVIDIA/TensorRT-LLM tensorrt_llm/_torch/models/modeling_qwen3.py @ 010bb95f: "
+                         "Qwen3ForCausalLM(SpecDecOneEngineForCausalLM)"),
     Family("mistral", "MistralForCausalLM", "Mistral (no sliding window)", False),
     Family("gemma3_text", "Gemma3ForCausalLM", "Gemma 3 (text)", False, qk_norm=True, gemma=True,
-           gguf_arch="gemma3"),
+           gguf_arch="gemma3", trtllm_eagle3=False,
+           trtllm_source="NVIDIA/TensorRT-LLM tensorrt_llm/_torch/models/modeling_gemma3.py @ 00e7d103: "
+                         "Gemma3ForCausalLM(DecoderModelForCausalLM), its layers take no spec_metadata"),
 )
 BY_TYPE = {f.model_type: f for f in FAMILIES} | {f.gguf_arch: f for f in FAMILIES if f.gguf_arch}
 BY_CLASS = {f.hf_class: f for f in FAMILIES}
+
+
+def family_label(hf_class: str) -> str:
+    """What users read for a config's architectures[0] (`inspect`), or the class itself for one not listed."""
+    family = BY_CLASS.get(hf_class)
+    return family.label if family is not None else hf_class
 
 
 def supported_labels() -> str:

@@ -79,6 +79,33 @@ def test_bf16_engine_is_lossless(tmp_path_factory, tmp_path, family):
     assert run_ids(engine)[1] == ar and run_ids(engine, "--tree", "chain")[1] == ar
 
 
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_the_trtllm_bundle_where_its_line_runs_the_family(tmp_path_factory, tmp_path, family):
+    """TensorRT-LLM's Qwen3 model class runs EAGLE-3 (the bundle is written); its Gemma 3 class does not (refused in
+    one line naming where that was read)."""
+    model = make(tmp_path_factory, family)
+    r = cli.invoke(app, ["convert", str(model), "--output", str(tmp_path / "ckpt"), "--no-calibrate-kv"])
+    assert r.exit_code == 0, r.output
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"name: fam\nbackend: trtllm\ndtype: bfloat16\ncheckpoint_dir: {tmp_path / 'ckpt'}\n"
+                   "max_input_len: 64\nmax_output_len: 64\n")
+    r = cli.invoke(app, ["build", "-c", str(cfg), "-o", str(tmp_path / "engine")])
+    if family == "qwen3":
+        assert r.exit_code == 0, r.output
+        assert (tmp_path / "engine" / "extra_llm_api_options.yaml").is_file()
+    else:
+        assert r.exit_code == 2
+        assert "TensorRT-LLM runs no EAGLE-3 for Gemma 3 (text)" in r.stderr and "modeling_gemma3.py" in r.stderr
+
+
+def test_inspect_names_the_family(tmp_path_factory, tmp_path):
+    engine = convert_and_build(make(tmp_path_factory, "gemma3"), tmp_path)
+    r = cli.invoke(app, ["inspect", str(engine), "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["family"] == "Gemma 3 (text)"
+    r = cli.invoke(app, ["inspect", str(engine)])
+    assert "family: Gemma 3 (text) (Gemma3ForCausalLM)" in r.stdout
+
+
 def test_a_short_sliding_window_is_refused(tmp_path_factory, tmp_path):
     model = make(tmp_path_factory, "mistral", sliding_window=16)
     r = cli.invoke(app, ["convert", str(model), "--output", str(tmp_path / "ckpt")])

@@ -20,6 +20,7 @@ import torch
 from safetensors import safe_open
 
 from eagle_trt.architectures import check_config, family_of_type
+from eagle_trt.convert.gguf_tokenizer import gguf_bpe_tokenizer, needs_bpe_rebuild
 from eagle_trt.errors import CheckpointError, InputError, MissingDependencyError
 from eagle_trt.safetensors_stream import tensor_locations
 from eagle_trt.shards import index_shards
@@ -169,7 +170,10 @@ def _tokenizer(path: Path, fmt: str, source: str, extra: dict):
 
     try:
         tok_extra = {"gguf_file": extra["gguf_file"]} if fmt == "gguf" else {}
-        return AutoTokenizer.from_pretrained(source, local_files_only=True, trust_remote_code=False, **tok_extra)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, trust_remote_code=False, **tok_extra)
+        if fmt == "gguf" and needs_bpe_rebuild(path):
+            tokenizer = gguf_bpe_tokenizer(path, tokenizer)
+        return tokenizer
     except Exception as e:
         raise _wrap_load_error("tokenizer", path, e) from e
 

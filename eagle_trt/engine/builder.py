@@ -108,6 +108,7 @@ def build_engine(
     warnings = check_backend(cfg)
     plan = inspect_checkpoint(cfg, ckpt)
     if cfg.backend == "trtllm":
+        trtllm_bundle.check_trtllm_family(plan.target_info["architecture"], plan.head_kind)
         warnings = trtllm_bundle.check_trtllm_head(cfg, plan.head_kind) + warnings
     resolved = cfg.model_copy(
         update={
