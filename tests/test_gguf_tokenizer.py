@@ -50,6 +50,8 @@ def test_the_vocabulary_is_tokenized_as_its_bpe(tmp_path):
     assert tok("a  b").input_ids == [2, ids["a"], ids["▁▁"], ids["b"]]
     assert tok("é").input_ids == [2, ids["<0xC3>"], ids["<0xA9>"]]
     assert tok.decode(tok("ab abc é").input_ids, skip_special_tokens=True) == "ab abc é"
+    # User-defined pieces are text, not special tokens: decoding without special tokens keeps them.
+    assert tok.decode(tok("a  b").input_ids, skip_special_tokens=True) == "a  b"
 
 
 def test_another_architecture_keeps_transformers_tokenizer(tmp_path):

@@ -63,8 +63,9 @@ def gguf_bpe_tokenizer(gguf_path: Path, loaded):
     backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
     # Control tokens match the raw text; user-defined pieces (newline and space runs, markup) are matched whole in the
     # normalized text, as sentencepiece extracts its user-defined symbols before its merges.
-    backend.add_special_tokens([AddedToken(t, special=k == _CONTROL, normalized=k == _USER) for t, k in
-                                zip(tokens, types) if k in (_CONTROL, _USER)])
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                for t, k in zip(tokens, types) if k == _CONTROL])
+    backend.add_tokens([AddedToken(t, special=False, normalized=True) for t, k in zip(tokens, types) if k == _USER])
     add_bos = reader.get_field("tokenizer.ggml.add_bos_token")
     bos = loaded.bos_token
     if bos is not None and (add_bos is None or bool(add_bos.contents())):
