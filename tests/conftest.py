@@ -68,6 +68,19 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def family_model_dir(tmp_path_factory):
+    """family name -> a tiny random model of that family (scripts/make_tiny_model.py FAMILIES), made once."""
+    made = {}
+
+    def make(family: str) -> Path:
+        if family not in made:
+            made[family] = make_tiny_model(tmp_path_factory.mktemp(family) / "model", seed=0, family=family)
+        return made[family]
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def tiny_head_dir(tmp_path_factory) -> Path:
     return write_random_head(tmp_path_factory.mktemp("tiny") / "draft")
 

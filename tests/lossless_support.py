@@ -12,9 +12,12 @@ docs state, not by luck.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import torch
+
+from eagle_trt.speculative.tree import tree_from_parents
 
 NEAR_TIE = 1e-4  # relative gap between the top two logits that rounding in the last bits can flip
 
@@ -59,3 +62,38 @@ def assert_lossless(model, prompt: list[int], got: list[int], want: list[int], w
     assert gap <= NEAR_TIE * max(1.0, scale), (
         f"{where}speculative output differs from plain decoding at token {k}, where the top two logits are "
         f"{gap:.3g} apart: not a near-tie that rounding could flip ({target.kernels.name} is not row-invariant)")
+
+
+class OracleDrafter:
+    """Wraps the real drafter; plants the reference continuation in each tree."""
+
+    def __init__(self, inner, prompt_len, reference, seed):
+        self.inner, self.p, self.ref, self.rng = inner, prompt_len, reference, random.Random(seed)
+        self.extend, self.reset, self.start = inner.extend, inner.reset, inner.start
+
+    def __getattr__(self, name):  # needs_features, max_positions, ...: the real drafter's
+        return getattr(self.inner, name)
+
+    def _tree(self, root):
+        g = self.inner.length - self.p  # index of the root in the reference continuation
+        truth = self.ref[g + 1 : g + 1 + self.rng.randint(0, 6)]
+        if truth and self.rng.random() < 0.3:  # a wrong token mid-path: acceptance must stop there
+            truth = list(truth)
+            truth[self.rng.randrange(len(truth))] = (truth[0] + 1) % 250
+        tokens, parents = [root], [-1]
+        prev = 0
+        for tok in truth:
+            for _ in range(self.rng.randint(0, 2)):  # wrong siblings before the right one
+                tokens.append((tok + 1 + self.rng.randrange(200)) % 250)
+                parents.append(prev)
+            tokens.append(tok)
+            parents.append(prev)
+            prev = len(tokens) - 1
+        return tree_from_parents(torch.tensor(tokens), torch.tensor(parents))
+
+    def draft_dynamic(self, root, *a, **k):
+        self.inner.draft_dynamic(root, *a, **k)  # keep the real head's work in the loop
+        return self._tree(root)
+
+    def draft_static(self, root, layout):
+        return self._tree(root)

@@ -5,8 +5,6 @@ in the tree (at a random depth, among wrong siblings, sometimes with a wrong tok
 deep acceptance, KV compaction and stops in the middle of an accepted path.
 """
 
-import random
-
 import pytest
 import torch
 
@@ -14,8 +12,7 @@ from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.config.decode import DecodeConfig
 from eagle_trt.runtime.runner import Runner
-from eagle_trt.speculative.tree import tree_from_parents
-from lossless_support import assert_lossless
+from lossless_support import OracleDrafter, assert_lossless
 
 PROMPTS = [[5, 6, 7, 8, 9], [100, 20, 30], [256, 72, 101, 108, 108, 111], list(range(40, 73))]
 TREES = [
@@ -63,41 +60,6 @@ def test_eagle_equals_ar(runner, prompt, tree):
         res = runner.generate(prompt, DecodeConfig(max_new_tokens=n, eos_token_ids=[], **tree))
         assert_lossless(runner, prompt, res.token_ids, ar)
         assert len(res.token_ids) == n and res.metrics.stop_reason == "length"
-
-
-class OracleDrafter:
-    """Wraps the real drafter; plants the reference continuation in each tree."""
-
-    def __init__(self, inner, prompt_len, reference, seed):
-        self.inner, self.p, self.ref, self.rng = inner, prompt_len, reference, random.Random(seed)
-        self.extend, self.reset, self.start = inner.extend, inner.reset, inner.start
-
-    def __getattr__(self, name):  # needs_features, max_positions, ...: the real drafter's
-        return getattr(self.inner, name)
-
-    def _tree(self, root):
-        g = self.inner.length - self.p  # index of the root in the reference continuation
-        truth = self.ref[g + 1 : g + 1 + self.rng.randint(0, 6)]
-        if truth and self.rng.random() < 0.3:  # a wrong token mid-path: acceptance must stop there
-            truth = list(truth)
-            truth[self.rng.randrange(len(truth))] = (truth[0] + 1) % 250
-        tokens, parents = [root], [-1]
-        prev = 0
-        for tok in truth:
-            for _ in range(self.rng.randint(0, 2)):  # wrong siblings before the right one
-                tokens.append((tok + 1 + self.rng.randrange(200)) % 250)
-                parents.append(prev)
-            tokens.append(tok)
-            parents.append(prev)
-            prev = len(tokens) - 1
-        return tree_from_parents(torch.tensor(tokens), torch.tensor(parents))
-
-    def draft_dynamic(self, root, *a, **k):
-        self.inner.draft_dynamic(root, *a, **k)  # keep the real head's work in the loop
-        return self._tree(root)
-
-    def draft_static(self, root, layout):
-        return self._tree(root)
 
 
 @pytest.mark.parametrize("seed", range(6))

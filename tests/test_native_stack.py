@@ -15,6 +15,14 @@ from native_support import build_names, lib_or_skip
 from test_gemm import load_target
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# Llama's layer, Qwen3's q/k norms, and Gemma 3's (sliding windows shorter than the prefix plus the tree, so a tree
+# row loses early prefix keys and, deep enough, its first ancestors).
+FAMILIES = ("llama", "qwen3", "gemma3")
+
+
+@pytest.fixture
+def model_dir(request, tiny_model_dir, family_model_dir):
+    return tiny_model_dir if request.param == "llama" else family_model_dir(request.param)
 
 
 def _kernels(build, dtype):
@@ -32,12 +40,13 @@ def _tree(rows, seed):
     return mask, mask.sum(1) - 1
 
 
+@pytest.mark.parametrize("model_dir", FAMILIES, indirect=True)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("build", build_names())
-def test_each_tree_row_equals_decoding_its_path(tiny_model_dir, build, dtype):
+def test_each_tree_row_equals_decoding_its_path(model_dir, build, dtype):
     """Logits and features of every node of a 17-node tree verified in one call, against decoding the node's
     ancestors and then the node one token at a time."""
-    target = load_target(tiny_model_dir, DTYPES[dtype], _kernels(build, DTYPES[dtype]))
+    target = load_target(model_dir, DTYPES[dtype], _kernels(build, DTYPES[dtype]))
     target.aux_layer_ids = [1, 0, target.spec.num_layers - 1]
     g = torch.Generator().manual_seed(3)
     prefix = torch.randint(0, target.spec.vocab_size, (9,), generator=g)
@@ -94,30 +103,55 @@ def _batched_against_alone(target, cache_dtype=None):
     return alone
 
 
+@pytest.mark.parametrize("model_dir", FAMILIES, indirect=True)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("build", build_names())
-def test_a_request_computes_the_same_in_a_batch_as_alone(tiny_model_dir, build, dtype):
+def test_a_request_computes_the_same_in_a_batch_as_alone(model_dir, build, dtype):
     """Row invariance across requests: every request's hidden states, features and K/V in a batched forward are
     bit-identical to its forward alone, whatever else shares the pass."""
-    target = load_target(tiny_model_dir, DTYPES[dtype], _kernels(build, DTYPES[dtype]))
+    target = load_target(model_dir, DTYPES[dtype], _kernels(build, DTYPES[dtype]))
     for i, (batched, alone) in enumerate(_batched_against_alone(target)):
         for a, b in zip(batched, alone):
             assert torch.equal(a, b), i
 
 
+@pytest.mark.parametrize("model_dir", FAMILIES, indirect=True)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_reference_loop_batches_the_same(tiny_model_dir, dtype):
+def test_the_reference_loop_batches_the_same(model_dir, dtype):
     """The torch kernels, and the compiled ones' fallback for an fp8 cache, take parts too: each request as alone
     (bf16 exactly where the kernels are row-invariant, else to rounding)."""
     dt = DTYPES[dtype]
-    for target, cache_dtype in ((load_target(tiny_model_dir, dt, TorchKernels(dt)), None),
-                                (load_target(tiny_model_dir, dt), torch.float8_e4m3fn)):
+    for target, cache_dtype in ((load_target(model_dir, dt, TorchKernels(dt)), None),
+                                (load_target(model_dir, dt), torch.float8_e4m3fn)):
         for batched, alone in _batched_against_alone(target, cache_dtype):
             for a, b in zip(batched, alone):
                 if target.row_invariant:
                     assert torch.equal(a, b)
                 else:
                     torch.testing.assert_close(a.float(), b.float(), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES[1:])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("build", build_names())
+def test_the_stack_gives_the_torch_reference_values(family_model_dir, family, build, dtype):
+    """Qwen3's and Gemma 3's layers in one compiled call against the torch reference: a prefill past the window and
+    a tree after it, logits and every feature layer up to rounding (the reference sums in other orders)."""
+    dt = DTYPES[dtype]
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 260, (14,), generator=g)
+    mask, depth = _tree(9, seed=6)
+    outs = []
+    for kernels in (_kernels(build, dt), TorchKernels(dt)):
+        target = load_target(family_model_dir(family), dt, kernels)
+        cache = target.new_cache(32)
+        first, aux0 = target.forward(ids, torch.arange(14), cache, need_aux=True, aux_layers=list(range(8)))
+        cache.length = 14
+        tree, aux1 = target.forward(ids[:9], 14 + depth, cache, mask, need_aux=True, aux_layers=list(range(8)))
+        outs.append((first, aux0, tree, aux1))
+    tol = dict(atol=2e-4, rtol=1e-4) if dt == torch.float32 else dict(atol=0.1, rtol=0.05)
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a.float(), b.float(), **tol)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.syntax import Syntax
 
+from eagle_trt.architectures import family_label
 from eagle_trt.cli.common import EXIT_CODES_HELP, JsonOpt, SkipVerifyOpt, console, handle_errors, print_json
 
 
@@ -34,7 +35,9 @@ def _inspect(engine, json_out, skip_verify) -> None:
 
     eng = open_engine(engine, verify=not skip_verify, rehash=True)
     manifest = eng.manifest.model_dump(mode="json")
+    family = family_label(manifest["target"]["architecture"])
     if json_out:
+        manifest = {**manifest, "family": family}
         if "trtllm.json" in manifest["files"]:  # the TensorRT-LLM line beside the manifest
             from eagle_trt.engine.trtllm_bundle import read_meta
 
@@ -42,6 +45,7 @@ def _inspect(engine, json_out, skip_verify) -> None:
         print_json(manifest)
         return
     console.print(Syntax(json.dumps(manifest, indent=2), "json", word_wrap=True))
+    console.print(f"family: {family} ({manifest['target']['architecture']})", markup=False)
     console.print(f"[green]{'files not verified (--skip-verify)' if skip_verify else 'all file hashes match'}[/]")
     if "trtllm.json" in manifest["files"]:
         from eagle_trt.engine.trtllm_bundle import read_meta

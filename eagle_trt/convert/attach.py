@@ -36,6 +36,9 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
 def _rope(config) -> tuple[float, dict]:
     """(rope_theta, rope_scaling dict) of the target; transformers 5 keeps both in rope_parameters."""
     params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    if params and all(isinstance(v, dict) for v in params.values()):
+        # One dict per layer type (Gemma 3): the head's one layer attends over the whole draft, as a global layer.
+        params = dict(params.get("full_attention") or {})
     theta = getattr(config, "rope_theta", None) or params.get("rope_theta")
     if theta is None:
         raise ValueError(f"{config.model_type} config has no rope_theta")
@@ -101,5 +104,17 @@ def attach_eagle3(model, draft_vocab_size: int | None = None, seed: int = DRAFT_
         # modelopt print()s progress ("Found base_model_path ..."); keep stdout clean for --json.
         torch.manual_seed(seed)
         mtsp.convert(model, [("eagle", config)])
+    _flatten_head_rope(model.eagle_config, config["eagle_architecture_config"]["rope_scaling"])
     model.eval()
     return model
+
+
+def _flatten_head_rope(eagle_config, rope: dict) -> None:
+    """modelopt builds the head's config with the target's config class; Gemma 3's re-nests the RoPE parameters per
+    layer type (and loses rope_theta), which the head's one Llama layer cannot read. Its RoPE is the target's global
+    layers' (`_rope`), set back flat here before the head first runs."""
+    params = getattr(eagle_config, "rope_parameters", None)
+    if isinstance(params, dict) and any(isinstance(v, dict) for v in params.values()):
+        eagle_config.rope_parameters = dict(rope)
+        eagle_config.rope_scaling = dict(rope)
+        eagle_config.rope_theta = rope["rope_theta"]

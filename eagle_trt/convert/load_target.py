@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from eagle_trt.architectures import check_window, family_of_type
+from eagle_trt.architectures import check_config, family_of_type
+from eagle_trt.convert.gguf_tokenizer import gguf_bpe_tokenizer, needs_bpe_rebuild
 from eagle_trt.errors import CheckpointError, InputError, MissingDependencyError
 from eagle_trt.safetensors_stream import tensor_locations
 from eagle_trt.shards import index_shards
@@ -72,7 +73,7 @@ def _check_hf_dir(path: Path) -> str:
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, RecursionError) as e:
         raise CheckpointError(f"unreadable {config_file} ({e}); re-download the model") from e
     _check_supported(model_type, path)
-    check_window(config, config_file)
+    check_config(config, config_file, family_of_type(model_type, path))
 
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
@@ -170,6 +171,8 @@ def _tokenizer(path: Path, fmt: str, source: str, extra: dict):
     try:
         tok_extra = {"gguf_file": extra["gguf_file"]} if fmt == "gguf" else {}
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, trust_remote_code=False, **tok_extra)
+        if fmt == "gguf" and needs_bpe_rebuild(path):
+            tokenizer = gguf_bpe_tokenizer(path, tokenizer)
     except Exception as e:
         raise _wrap_load_error("tokenizer", path, e) from e
     return with_special_tokens(tokenizer, gguf_special_ids(path)) if fmt == "gguf" else tokenizer
@@ -221,7 +224,7 @@ def load_target(model_path: str | Path):
 
     config = model.config
     _check_supported(config.model_type, path)
-    check_window(config.to_dict(), path)
+    check_config(config.to_dict(), path, family_of_type(config.model_type, path))
     # GGUF loading dequantizes; make sure the saved config says fp32 and carries no quantizer
     # state (modelopt's TTT mask code also calls torch.finfo on config.dtype).
     config.dtype = torch.float32

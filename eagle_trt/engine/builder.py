@@ -111,6 +111,7 @@ def build_engine(
     eos_warning = disagreement(ckpt / "target")
     warnings = warnings + ([eos_warning] if eos_warning else [])
     if cfg.backend == "trtllm":
+        trtllm_bundle.check_trtllm_family(plan.target_info["architecture"], plan.head_kind)
         if plan.engine_draft_config.get("norm_before_residual"):
             # TensorRT-LLM's EAGLE-3 layer takes the raw feature as the residual: it would run another head
             raise ConfigError(f"{ckpt}/draft/config.json: norm_before_residual is true (the layer's residual is the "

@@ -32,6 +32,7 @@ from pathlib import Path
 import yaml
 
 from eagle_trt import __version__
+from eagle_trt.architectures import BY_CLASS
 from eagle_trt.engine import trtllm_hf_files, trtllm_scripts
 from eagle_trt.engine.trtllm_lines import LINES, Line, accepted_releases
 from eagle_trt.errors import ConfigError
@@ -86,6 +87,15 @@ def check_trtllm_config(cfg) -> list[str]:
             "verifies the drafted tokens without them (set lookup_tokens: 0 to silence this)"
         )
     return warnings
+
+
+def check_trtllm_family(target_architecture: str, head_kind: str) -> None:
+    """Refuse an EAGLE head for a target whose TensorRT-LLM model class does not run EAGLE-3 (architectures.py
+    records, per family, where in TensorRT-LLM's source that was read). A draft model drafts for any target."""
+    family = BY_CLASS.get(target_architecture)
+    if head_kind != "model" and family is not None and not family.trtllm_eagle3:
+        raise ConfigError(f"backend trtllm: TensorRT-LLM runs no EAGLE-3 for {family.label} ({family.trtllm_source}); "
+                          "build this engine with backend: torch")
 
 
 def check_trtllm_head(cfg, head_kind: str) -> list[str]:

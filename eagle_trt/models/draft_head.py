@@ -27,7 +27,7 @@ from eagle_trt.models import weight_cache
 from eagle_trt.models.kernel_api import Kernels, Part
 from eagle_trt.models.kernels import choose_kernels, head_inputs
 from eagle_trt.models.kv_cache import KVCache
-from eagle_trt.models.layers import Rope
+from eagle_trt.models.layers import Rope, embed
 from eagle_trt.models.spec import DraftSpec
 from eagle_trt.models.weights import load_safetensors, read_json, take
 from eagle_trt.private_cache import WeightSource
@@ -87,6 +87,8 @@ class Eagle3DraftHead:
             raise CheckpointError(f"{source}: 'd2t' maps draft ids outside the target vocab ({target.spec.vocab_size})")
         w.pop("t2d", None)
         self.rope = Rope(hd, s.rope_theta, s.rope_scaling, target.rope.cos.shape[0], dtype)
+        # The head reads token embeddings as the target's embedding module gives them (Gemma 3: scaled).
+        self.embed_scale = target.spec.embed_scale
         self._weights = self.kernels.draft_weights(self)
 
     @staticmethod
@@ -158,6 +160,7 @@ class Eagle3DraftHead:
             head.lm_head = target.lm_head
         head.embed = tensors["embed"] if meta["own_embed"] else target.embed
         head.rope = Rope(spec.head_dim, spec.rope_theta, spec.rope_scaling, target.rope.cos.shape[0], dtype)
+        head.embed_scale = target.spec.embed_scale
         head._weights = kernels.draft_weights(head)
         return head
 
@@ -196,7 +199,8 @@ class Eagle3DraftHead:
         mask, in row order) -> draft logits [T, draft_vocab] (with last_only: each part's last row,
         [len(parts), draft_vocab]) and the pre-norm output hidden [T, H]."""
         cos, sin = self.rope.tables(positions)
-        return self.kernels.draft_layer(self._weights, spec=self.spec, hidden=hidden, e=self.embed[tokens],
+        return self.kernels.draft_layer(self._weights, spec=self.spec, hidden=hidden,
+                                        e=embed(self.embed, tokens, self.embed_scale),
                                         prenorm=self.hidden_prenorm, cos=cos, sin=sin, parts=parts,
                                         last_only=last_only)
 

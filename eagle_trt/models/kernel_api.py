@@ -37,12 +37,14 @@ class HeadStack:
 class Part:
     """One request's rows in a target forward: `rows` consecutive rows of the pass, whose K/V go to slots start..
     of its own `cache`, seeing the prefix and each other through `mask` ([rows, start + rows] bool, or None for one
-    row). A forward over several parts computes each part's rows as it would alone."""
+    row; a sliding-window layer takes `window_mask` where it is set). A forward over several parts computes each
+    part's rows as it would alone."""
 
     cache: Any
     start: int
     rows: int
     mask: torch.Tensor | None = None
+    window_mask: torch.Tensor | None = None  # sliding-window layers' mask ([rows, start + rows]); None: `mask`
 
 
 class Kernels(Protocol):
@@ -69,10 +71,12 @@ class Kernels(Protocol):
     def target_weights(self, layers: Sequence[Any], norm: torch.Tensor) -> TargetStack: ...
 
     def decoder_stack(self, weights: TargetStack, *, spec: Any, x: torch.Tensor, cos: torch.Tensor,
-                      sin: torch.Tensor, parts: Sequence[Part],
-                      aux_layers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      sin: torch.Tensor, parts: Sequence[Part], aux_layers: Sequence[int],
+                      local_rope: tuple[torch.Tensor, torch.Tensor] | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x [T, hidden] embedded tokens of the parts' rows in order through every layer, each part's K/V into its
-        own cache -> (final-normed hidden [T, hidden], the aux layers' outputs concatenated, or None)."""
+        own cache (the sliding-window layers, spec.local_layers, on local_rope's cos/sin) -> (final-normed hidden
+        [T, hidden], the aux layers' outputs concatenated, or None)."""
 
     def draft_weights(self, head: Any) -> HeadStack: ...
 

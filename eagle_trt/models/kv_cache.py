@@ -43,6 +43,9 @@ class KVCache:
         # untouched pages of a long context's cache cost no memory.
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
+        # The position each slot holds (a tree's slots hold its nodes' positions until compact moves the accepted
+        # ones down): what a sliding-window layer's mask is made from (layers.window_mask).
+        self.positions = torch.zeros(capacity, dtype=torch.long)
         self.capacity = capacity
         self.length = 0  # committed slots
         self.compute_dtype = compute_dtype
@@ -89,3 +92,4 @@ class KVCache:
         # Advanced indexing copies before the write, so overlapping ranges are safe.
         self.k[:, :, dst] = self.k[:, :, src]
         self.v[:, :, dst] = self.v[:, :, src]
+        self.positions[dst] = self.positions[src]

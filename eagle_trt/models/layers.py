@@ -67,18 +67,21 @@ class Rope:
         return self.rotate(x, *self.tables(positions))
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """q: [H, T, D], k/v: [Hkv, S, D], mask: [T, S] bool (True = visible) or None (all visible).
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              scale: float | None = None) -> torch.Tensor:
+    """q: [H, T, D], k/v: [Hkv, S, D], mask: [T, S] bool (True = visible) or None (all visible); scale: the scores'
+    factor (None: D^-0.5).
 
     Returns [T, H*D]."""
     h, t, d = q.shape
     out = F.scaled_dot_product_attention(
-        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, enable_gqa=k.shape[0] != h
+        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, enable_gqa=k.shape[0] != h, scale=scale
     )
     return out[0].transpose(0, 1).reshape(t, h * d)
 
 
-def attention_fp64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def attention_fp64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                   scale: float | None = None) -> torch.Tensor:
     """Same contract as `attention`, computed in float64 and rounded once to q's dtype at the end.
 
     Why: a fused attention kernel sums each row in an order that depends on how many query rows the call
@@ -93,12 +96,13 @@ def attention_fp64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     hkv = k.shape[0]
     g = h // hkv
     qd, kt = q.double().reshape(hkv, g * t, d), k.double().transpose(1, 2)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
     if mask is None:
-        scores = torch.bmm(qd, kt).mul_(1.0 / math.sqrt(d))  # [Hkv, G*T, S]
+        scores = torch.bmm(qd, kt).mul_(scale)  # [Hkv, G*T, S]
     else:
         # Scale, product and mask in one call: the bias adds 0 (visible) or -inf (hidden).
         bias = mask if mask.dtype == torch.float64 else additive_mask(mask, g)
-        scores = torch.baddbmm(bias, qd, kt, alpha=1.0 / math.sqrt(d))
+        scores = torch.baddbmm(bias, qd, kt, alpha=scale)
     out = torch.bmm(torch.softmax(scores, dim=-1), v.double())  # [Hkv, G*T, D]
     return out.view(h, t, d).to(q.dtype).transpose(0, 1).reshape(t, h * d)
 
@@ -111,8 +115,29 @@ def additive_mask(mask: torch.Tensor, groups: int = 1) -> torch.Tensor:
     return bias.repeat(groups, 1) if groups > 1 else bias
 
 
-def swiglu_mlp(x: torch.Tensor, gate_up, down) -> torch.Tensor:
-    # gate_up: Projection [H, 2I] (gate columns, then up), fused so one GEMM reads both; down: [I, H].
+def swiglu_mlp(x: torch.Tensor, gate_up, down, activation: str = "silu") -> torch.Tensor:
+    # gate_up: Projection [H, 2I] (gate columns, then up), fused so one GEMM reads both; down: [I, H]. activation:
+    # silu, or gelu_tanh (Gemma 3's gelu_pytorch_tanh).
     gu = gate_up(x)
     gate, up = gu.chunk(2, dim=-1)
-    return down(F.silu(gate) * up)
+    act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
+    return down(act * up)
+
+
+def window_mask(mask: torch.Tensor | None, key_positions: torch.Tensor, positions: torch.Tensor,
+                window: int) -> torch.Tensor | None:
+    """A sliding-window layer's mask: `mask` ([T, S] bool, None: all visible) less the keys a query at position p
+    does not see, those at positions <= p - window (transformers' sliding window); None where it hides no key.
+    key_positions [S]: the position each cache slot holds (`KVCache.positions`), so a tree row sees its ancestors
+    only inside the window, as when its token is decoded alone."""
+    inside = key_positions[None, :] > positions[:, None] - window  # [T, S]
+    if bool(inside.all()):
+        return None
+    return inside if mask is None else mask & inside
+
+
+def embed(table: torch.Tensor, tokens: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """Token embeddings [T, hidden], times `scale` in the table's dtype where the model scales them (Gemma 3: the
+    factor rounded to the dtype first, as transformers does)."""
+    x = table[tokens]
+    return x if scale is None else x * torch.tensor(scale, dtype=torch.float32).to(table.dtype)

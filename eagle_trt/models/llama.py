@@ -1,4 +1,5 @@
-"""Lean Llama-family target forward (Llama, SmolLM2, Mistral, Qwen2) for speculative decoding.
+"""Lean target forward (the families of architectures.py: Llama, SmolLM2, Mistral, Qwen2, Qwen3, Gemma 3) for
+speculative decoding.
 
 One call runs T tokens at explicit positions against the KV cache: the committed prefix is fully
 visible, and the T new tokens see each other through `tree_mask` (causal when it is None). So the same
@@ -22,7 +23,7 @@ from eagle_trt.models import weight_cache
 from eagle_trt.models.kernel_api import Part
 from eagle_trt.models.kernels import choose_kernels
 from eagle_trt.models.kv_cache import KVCache
-from eagle_trt.models.layers import Rope
+from eagle_trt.models.layers import Rope, embed, window_mask
 from eagle_trt.models.spec import TargetSpec
 from eagle_trt.models.weights import LazyTensors, read_json, take
 from eagle_trt.private_cache import WeightSource
@@ -49,6 +50,35 @@ class LayerWeights:
     post_norm: torch.Tensor
     gate_up: object  # [hidden, 2I]: gate columns, then up
     down: object  # [I, hidden]
+    q_norm: torch.Tensor | None = None  # [D], every query head's RMSNorm before RoPE (Qwen3, Gemma 3)
+    k_norm: torch.Tensor | None = None  # [D], every key head's
+    attn_out_norm: torch.Tensor | None = None  # [hidden], the attention output's before its residual add (Gemma 3)
+    mlp_out_norm: torch.Tensor | None = None  # [hidden], the MLP output's before its residual add (Gemma 3)
+
+
+# The norms only some families have, by their LayerWeights field.
+OPTIONAL_NORMS = ("q_norm", "k_norm", "attn_out_norm", "mlp_out_norm")
+
+
+def _norm_weight(w: torch.Tensor, spec: TargetSpec) -> torch.Tensor:
+    """A norm's weight as the kernels multiply by it: Gemma 3 scales by (1 + w), the 1 added here (in fp32, as
+    transformers adds it, then in the weights' dtype)."""
+    return (w.float() + 1.0).to(w.dtype) if spec.norm_plus_one else w
+
+
+def _layer_norms(w: dict, p: str, s: TargetSpec, source) -> dict:
+    """One layer's norms by LayerWeights field, from the checkpoint names of its family: Gemma 3's
+    post_attention_layernorm is its attention output's norm and pre_feedforward_layernorm the MLP's input norm."""
+    names = dict(input_norm="input_layernorm", post_norm="post_attention_layernorm")
+    if s.sandwich_norms:
+        names.update(post_norm="pre_feedforward_layernorm", attn_out_norm="post_attention_layernorm",
+                     mlp_out_norm="post_feedforward_layernorm")
+    out = {field: _norm_weight(take(w, p + name + ".weight", (s.hidden_size,), source), s)
+           for field, name in names.items()}
+    if s.qk_norm:
+        for field in ("q_norm", "k_norm"):
+            out[field] = _norm_weight(take(w, p + f"self_attn.{field}.weight", (s.head_dim,), source), s)
+    return out
 
 
 class LlamaTarget:
@@ -65,6 +95,9 @@ class LlamaTarget:
         self.dtype = dtype
         self.rope = Rope(spec.head_dim, spec.rope_theta, spec.rope_scaling,
                          max_positions or spec.max_position_embeddings, dtype)
+        # Gemma 3's sliding-window layers rotate with their own base, unscaled.
+        self.local_rope = Rope(spec.head_dim, spec.rope_local_theta, None,
+                               max_positions or spec.max_position_embeddings, dtype) if spec.local_layers else None
         self.aux_layer_ids: list[int] = []
         self._weights = self.kernels.target_weights(layers, norm)
 
@@ -104,8 +137,9 @@ class LlamaTarget:
 
         for i, lw in enumerate(self.layers):
             tensors[f"layers.{i}.input_norm"], tensors[f"layers.{i}.post_norm"] = lw.input_norm, lw.post_norm
-            if lw.qkv_bias is not None:
-                tensors[f"layers.{i}.qkv_bias"] = lw.qkv_bias
+            for name in ("qkv_bias", *OPTIONAL_NORMS):
+                if getattr(lw, name) is not None:
+                    tensors[f"layers.{i}.{name}"] = getattr(lw, name)
             for part in ("qkv", "o", "gate_up", "down"):
                 project(f"layers.{i}.{part}", getattr(lw, part))
         project("lm_head", self.lm_head)
@@ -125,7 +159,8 @@ class LlamaTarget:
             input_norm=tensors[f"layers.{i}.input_norm"], qkv=project(f"layers.{i}.qkv"),
             qkv_bias=tensors.get(f"layers.{i}.qkv_bias"), o=project(f"layers.{i}.o"),
             post_norm=tensors[f"layers.{i}.post_norm"], gate_up=project(f"layers.{i}.gate_up"),
-            down=project(f"layers.{i}.down")) for i in range(spec.num_layers)]
+            down=project(f"layers.{i}.down"), **{n: tensors.get(f"layers.{i}.{n}") for n in OPTIONAL_NORMS})
+            for i in range(spec.num_layers)]
         return cls(spec, tensors["embed"], layers, tensors["norm"], project("lm_head"), dtype, kernels=kernels)
 
     @classmethod
@@ -148,17 +183,17 @@ class LlamaTarget:
                                   for n, o in (("q", q_out), ("k", kv_out), ("v", kv_out))])
             gate = take(w, p + "mlp.gate_proj.weight", (s.intermediate_size, s.hidden_size), source)
             up = take(w, p + "mlp.up_proj.weight", (s.intermediate_size, s.hidden_size), source)
+            norms = _layer_norms(w, p, s, source)
             layers.append(LayerWeights(
-                input_norm=take(w, p + "input_layernorm.weight", (s.hidden_size,), source),
                 qkv=project(torch.cat([q, k, v]).t().contiguous()),
                 qkv_bias=bias,
                 o=project(take(w, p + "self_attn.o_proj.weight", (s.hidden_size, q_out), source).t().contiguous()),
-                post_norm=take(w, p + "post_attention_layernorm.weight", (s.hidden_size,), source),
                 gate_up=project(torch.cat([gate, up]).t().contiguous()),
                 down=project(take(w, p + "mlp.down_proj.weight", (s.hidden_size, s.intermediate_size),
                                   source).t().contiguous()),
+                **norms,
             ))
-        norm = take(w, "model.norm.weight", (s.hidden_size,), source)
+        norm = _norm_weight(take(w, "model.norm.weight", (s.hidden_size,), source), s)
         if "lm_head.weight" in w:
             lm_head = take(w, "lm_head.weight", (s.vocab_size, s.hidden_size), source)
         else:
@@ -193,13 +228,23 @@ class LlamaTarget:
         return self.logits(hidden), aux
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final-normed hidden [R, H] -> logits [R, V]. Split out so a verify pass can skip rows it never reads."""
-        return self.lm_head(hidden)
+        """Final-normed hidden [R, H] -> logits [R, V] (softcapped where the model caps them, as transformers:
+        divide, tanh, multiply). Split out so a verify pass can skip rows it never reads."""
+        logits = self.lm_head(hidden)
+        cap = self.spec.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden [R, H] -> the greedy token of each row [R]: `argmax(logits(hidden))`, with the LM
-        head and the argmax fused where the kernels have that kernel (the logits are never written)."""
+        head and the argmax fused where the kernels have that kernel (the logits are never written). Softcapped
+        logits take the argmax of the capped values (tanh can merge near values into a tie)."""
+        if self.spec.final_logit_softcapping is not None:
+            return self.kernels.argmax(self.logits(hidden))
         return self.kernels.greedy(self.lm_head, hidden)
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token embeddings [T, hidden] as the decoder stack takes them (scaled where the family scales them)."""
+        return embed(self.embed, tokens, self.spec.embed_scale)
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [R, V] -> the greedy token of each row [R] (torch.argmax's answer)."""
@@ -231,12 +276,23 @@ class LlamaTarget:
             aux_layers = self.aux_layer_ids
         tokens = torch.cat([r.tokens for r in batch]) if len(batch) > 1 else batch[0].tokens
         positions = torch.cat([r.positions for r in batch]) if len(batch) > 1 else batch[0].positions
-        x = self.embed[tokens]  # [T, hidden], a fresh tensor (the kernels may update it in place)
+        x = self.embed_tokens(tokens)  # [T, hidden], a fresh tensor (the kernels may update it in place)
         cos, sin = self.rope.tables(positions)
-        parts = [Part(r.cache, r.cache.length, r.tokens.shape[0],
-                      self._mask(r.tokens.shape[0], r.cache.length, r.tree_mask)) for r in batch]
+        parts = [self._part(r) for r in batch]
+        local_rope = self.local_rope.tables(positions) if self.local_rope is not None else None
         return self.kernels.decoder_stack(self._weights, spec=self.spec, x=x, cos=cos, sin=sin, parts=parts,
-                                          aux_layers=aux_layers if need_aux else [])
+                                          aux_layers=aux_layers if need_aux else [], local_rope=local_rope)
+
+    def _part(self, r: Rows) -> Part:
+        """One request's rows as the kernels take them; with sliding-window layers, the slots' positions recorded in
+        its cache and the window's mask made from them."""
+        t, start = r.tokens.shape[0], r.cache.length
+        mask = self._mask(t, start, r.tree_mask)
+        if not self.spec.local_layers:
+            return Part(r.cache, start, t, mask)
+        r.cache.positions[start:start + t] = r.positions
+        local = window_mask(mask, r.cache.positions[:start + t], r.positions, self.spec.sliding_window)
+        return Part(r.cache, start, t, mask, local)
 
     @staticmethod
     def _mask(t: int, start: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:

@@ -21,40 +21,58 @@ from eagle_trt.models.gemm import INVARIANT_ROWS, Projection, bf16_hardware, pre
 from eagle_trt.models.layers import Rope, additive_mask, attention, attention_fp64, rms_norm, swiglu_mlp
 
 
-def target_layers(layers, norm, spec, x, cos, sin, parts, aux_layers: list[int], attend, masks=None):
+def target_layers(layers, norm, spec, x, cos, sin, parts, aux_layers: list[int], attend, masks=None,
+                  local_rope=None, local_masks=None):
     """The decoder stack as torch operators: x [T, hidden] embedded tokens of the parts' rows in order, cos/sin
-    [T, D]; each part's K/V written to slots start.. of its own cache, and its rows attending through its mask (or
-    `masks`, the parts' masks already in the form `attend` takes) -> (final-normed hidden [T, hidden], the aux
-    layers' outputs concatenated in layer order, or None)."""
+    [T, D] (local_rope: the sliding-window layers' cos/sin); each part's K/V written to slots start.. of its own
+    cache, and its rows attending through its mask (or `masks`, the parts' masks already in the form `attend` takes;
+    a sliding-window layer through the parts' window masks, or `local_masks`) -> (final-normed hidden [T, hidden],
+    the aux layers' outputs concatenated in layer order, or None)."""
     s = spec
-    t = x.shape[0]
-    q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
     masks = masks if masks is not None else [p.mask for p in parts]
+    if local_masks is None:
+        local_masks = [p.window_mask if p.window_mask is not None else m for p, m in zip(parts, masks)]
+    local = set(getattr(s, "local_layers", ()))
     bounds, row = [], 0
     for p in parts:
         bounds.append((row, row + p.rows))
         row += p.rows
     want, aux = set(aux_layers), []
     for i, lw in enumerate(layers):
-        h = rms_norm(x, lw.input_norm, s.rms_norm_eps)
-        qkv = lw.qkv(h)
-        if lw.qkv_bias is not None:
-            qkv = qkv + lw.qkv_bias
-        # RoPE on q and k heads together: [H + Hkv, T, D].
-        qk = qkv[:, :q_out + kv_out].reshape(t, s.num_heads + s.num_kv_heads, s.head_dim).transpose(0, 1)
-        q, k = Rope.rotate(qk, cos, sin).split((s.num_heads, s.num_kv_heads))
-        v = qkv[:, q_out + kv_out:].reshape(t, s.num_kv_heads, s.head_dim).transpose(0, 1)
+        rope, ms = (local_rope, local_masks) if i in local else ((cos, sin), masks)
+        q, k, v = _qkv(lw, s, rms_norm(x, lw.input_norm, s.rms_norm_eps), *rope)
         outs = []
-        for p, m, (lo, hi) in zip(parts, masks, bounds):
+        for p, m, (lo, hi) in zip(parts, ms, bounds):
             p.cache.write(i, p.start, k[:, lo:hi], v[:, lo:hi])
             kc, vc = p.cache.read(i, p.start + p.rows)
-            outs.append(attend(q[:, lo:hi], kc, vc, m))
-        x = x + lw.o(outs[0] if len(outs) == 1 else torch.cat(outs))
-        x = x + swiglu_mlp(rms_norm(x, lw.post_norm, s.rms_norm_eps), lw.gate_up, lw.down)
+            outs.append(attend(q[:, lo:hi], kc, vc, m, getattr(s, "attention_scale", None)))
+        o = lw.o(outs[0] if len(outs) == 1 else torch.cat(outs))
+        x = x + (o if lw.attn_out_norm is None else rms_norm(o, lw.attn_out_norm, s.rms_norm_eps))
+        m = swiglu_mlp(rms_norm(x, lw.post_norm, s.rms_norm_eps), lw.gate_up, lw.down,
+                       getattr(s, "activation", "silu"))
+        x = x + (m if lw.mlp_out_norm is None else rms_norm(m, lw.mlp_out_norm, s.rms_norm_eps))
         if i in want:
             aux.append(x)
     h = rms_norm(x, norm, s.rms_norm_eps)
     return h, (torch.cat(aux, dim=-1) if aux_layers else None)
+
+
+def _qkv(lw, s, h, cos, sin):
+    """One layer's q [H, T, D], k and v [Hkv, T, D] from its normed input h: the projection (+ bias), the q/k head
+    norms where the model has them, RoPE on q and k."""
+    t = h.shape[0]
+    q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+    qkv = lw.qkv(h)
+    if lw.qkv_bias is not None:
+        qkv = qkv + lw.qkv_bias
+    qk = qkv[:, :q_out + kv_out].reshape(t, s.num_heads + s.num_kv_heads, s.head_dim)
+    if lw.q_norm is not None:
+        qk = torch.cat([rms_norm(qk[:, :s.num_heads], lw.q_norm, s.rms_norm_eps),
+                        rms_norm(qk[:, s.num_heads:], lw.k_norm, s.rms_norm_eps)], dim=1)
+    # RoPE on q and k heads together: [H + Hkv, T, D].
+    q, k = Rope.rotate(qk.transpose(0, 1), cos, sin).split((s.num_heads, s.num_kv_heads))
+    v = qkv[:, q_out + kv_out:].reshape(t, s.num_kv_heads, s.head_dim).transpose(0, 1)
+    return q, k, v
 
 
 def draft_layer(head, spec, hidden, e, prenorm: bool, cos, sin, parts, last_only: bool, attend):
@@ -122,12 +140,18 @@ class TorchKernels:
     def target_weights(self, layers, norm) -> TargetStack:
         return TargetStack(layers, norm)
 
-    def decoder_stack(self, weights: TargetStack, *, spec, x, cos, sin, parts, aux_layers):
-        masks = None
+    def decoder_stack(self, weights: TargetStack, *, spec, x, cos, sin, parts, aux_layers, local_rope=None):
+        masks = local_masks = None
         if self.attend is attention_fp64:  # its additive form, made once for every layer
             groups = spec.num_heads // spec.num_kv_heads
-            masks = [additive_mask(p.mask, groups) if p.mask is not None else None for p in parts]
-        return target_layers(weights.layers, weights.norm, spec, x, cos, sin, parts, aux_layers, self.attend, masks)
+
+            def additive(m):
+                return additive_mask(m, groups) if m is not None else None
+
+            masks = [additive(p.mask) for p in parts]
+            local_masks = [additive(p.window_mask) if p.window_mask is not None else m for p, m in zip(parts, masks)]
+        return target_layers(weights.layers, weights.norm, spec, x, cos, sin, parts, aux_layers, self.attend, masks,
+                             local_rope, local_masks)
 
     def draft_weights(self, head) -> HeadStack:
         return HeadStack(head)

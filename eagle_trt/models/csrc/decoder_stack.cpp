@@ -6,9 +6,11 @@
 // and each of them keeps every row a function of that row alone, so a verify row still equals decoding its token
 // alone (tests/test_native_stack.py against the torch reference).
 //
-// Each layer: h = norm(x + pending MLP output); qkv = h @ Wqkv; q, k, v roped, k and v into the cache; attention;
-// h = norm(x += attention @ Wo); pending = silu(h @ Wgate) * (h @ Wup) @ Wdown. Layer i's output (x after its MLP
-// is added) is copied to the aux features when i is listed.
+// Each layer: h = norm(x + pending MLP output); qkv = h @ Wqkv; q and k heads normed (Qwen3, Gemma 3); q, k, v
+// roped, k and v into the cache; attention; h = norm(x += attention @ Wo); pending = act(h @ Wgate) * (h @ Wup) @
+// Wdown, act SiLU or GELU-tanh. Gemma 3 norms the attention and MLP outputs too before they are added (its post-
+// attention and post-feedforward norms), and its sliding-window layers take their own RoPE tables and each part's
+// window mask. Layer i's output (x after its MLP is added) is copied to the aux features when i is listed.
 //
 // Batched: the rows may be several requests' (each its own tree, positions, mask and KV cache). Norms and projections
 // run over every row at once, so one read of each weight serves the whole batch; RoPE, the cache write and attention
@@ -27,10 +29,23 @@ namespace {
 using namespace eagle_trt;
 
 // Per-layer pointers, in this order (one row of the caller's table).
-enum Slot { kInputNorm, kQkv, kQkvBias, kO, kPostNorm, kGateUp, kDown, kSlots };
+// Null where the model has none: kQkvBias, kQNorm and kKNorm (q/k head norms), kAttnOutNorm and kMlpOutNorm (norms of
+// the attention and MLP outputs before the residual add).
+enum Slot { kInputNorm, kQkv, kQkvBias, kO, kPostNorm, kGateUp, kDown, kQNorm, kKNorm, kAttnOutNorm, kMlpOutNorm,
+            kSlots };
 
 struct Dims {
     int64_t T, hidden, H, Hkv, D, I;
+};
+
+// What differs between layers and models beyond the weights: the attention scale, the MLP's activation (0 SiLU, 1
+// GELU-tanh), and the sliding-window layers (local_layers [L] bytes, or null for none) with their RoPE tables.
+template <typename T>
+struct LayerKinds {
+    float scale;
+    int act;
+    const uint8_t* local_layers;
+    const T *cos_local, *sin_local;
 };
 
 // Scratch layout: one caller buffer carved into the layer's intermediates (each read before the next layer writes
@@ -64,7 +79,7 @@ Scratch<T> carve(T* base, const Dims& s) {
 
 template <typename T>
 int attend_parts(const Scratch<T>& w, const Part<T>* parts, int64_t n_parts, int64_t i, const void* qkv_bias,
-                 const T* cos, const T* sin, const Dims& s, float scale, int threads) {
+                 const T* cos, const T* sin, const Dims& s, float scale, bool local, int threads) {
     constexpr int bf16 = sizeof(T) == 2;
     const int64_t H = s.H, Hkv = s.Hkv, D = s.D, qkv_w = (H + 2 * Hkv) * D;
     for (int64_t p = 0; p < n_parts; ++p) {
@@ -77,7 +92,7 @@ int attend_parts(const Scratch<T>& w, const Part<T>* parts, int64_t n_parts, int
                                     pt.rows, H, Hkv, D, bf16, threads);
         if (rc) return rc;
         rc = eagle_trt_tree_attention(q, pt.rows * D, D, kc, pt.head_stride, pt.row_stride, vc, pt.head_stride,
-                                      pt.row_stride, pt.mask, w.att + pt.row0 * H * D, static_cast<int>(H),
+                                      pt.row_stride, local ? pt.local_mask : pt.mask, w.att + pt.row0 * H * D, static_cast<int>(H),
                                       static_cast<int>(Hkv), static_cast<int>(pt.rows),
                                       static_cast<int>(pt.start + pt.rows), static_cast<int>(D), scale, bf16,
                                       threads);
@@ -86,30 +101,50 @@ int attend_parts(const Scratch<T>& w, const Part<T>* parts, int64_t n_parts, int
     return 0;
 }
 
+// The q and k heads of every row of qkv [T, (H + 2 Hkv) D], each normed in place by its weight (Qwen3, Gemma 3).
+template <typename T>
+int norm_heads(T* qkv, const void* q_norm, const void* k_norm, const Dims& s, float eps, int threads) {
+    constexpr int bf16 = sizeof(T) == 2;
+    const int64_t qkv_w = (s.H + 2 * s.Hkv) * s.D;
+    int rc = eagle_trt_head_rms_norm(qkv, q_norm, s.T, s.H, s.D, qkv_w, eps, bf16, threads);
+    return rc ? rc : eagle_trt_head_rms_norm(qkv + s.H * s.D, k_norm, s.T, s.Hkv, s.D, qkv_w, eps, bf16, threads);
+}
+
 template <typename T>
 int stack(T* x, const void* const* weights, int64_t L, const T* final_norm, T* h_out, const T* cos, const T* sin,
-          const Part<T>* parts, int64_t n_parts, const Dims& s, float eps, const int64_t* aux_layers, int64_t n_aux,
-          T* aux_out, T* scratch, Projection project, int threads) {
+          const LayerKinds<T>& kinds, const Part<T>* parts, int64_t n_parts, const Dims& s, float eps,
+          const int64_t* aux_layers, int64_t n_aux, T* aux_out, T* scratch, Projection project, int threads) {
     constexpr int bf16 = sizeof(T) == 2;
     const Scratch<T> w = carve(scratch, s);
     const int64_t T_ = s.T, hidden = s.hidden, H = s.H, Hkv = s.Hkv, D = s.D, I = s.I;
     const int64_t qkv_w = (H + 2 * Hkv) * D;
-    const float scale = attention_scale(D);
     const T* pending = nullptr;
     int64_t next_aux = 0;
     int rc = 0;
     for (int64_t i = 0; i < L; ++i) {
         const void* const* lw = weights + i * kSlots;
+        const bool local = kinds.local_layers && kinds.local_layers[i];
         if ((rc = eagle_trt_add_rms_norm(x, pending, lw[kInputNorm], w.h, T_, hidden, eps, bf16, threads))) return rc;
         if (next_aux < n_aux && aux_layers[next_aux] == i - 1)  // x is now layer i-1's output
             copy_feature(x, T_, hidden, n_aux, next_aux++, aux_out);
         if ((rc = project(w.h, lw[kQkv], w.qkv, T_, hidden, qkv_w, threads))) return rc;
-        if ((rc = attend_parts(w, parts, n_parts, i, lw[kQkvBias], cos, sin, s, scale, threads))) return rc;
+        if (lw[kQNorm] && (rc = norm_heads(w.qkv, lw[kQNorm], lw[kKNorm], s, eps, threads))) return rc;
+        if ((rc = attend_parts(w, parts, n_parts, i, lw[kQkvBias], local ? kinds.cos_local : cos,
+                               local ? kinds.sin_local : sin, s, kinds.scale, local, threads)))
+            return rc;
         if ((rc = project(w.att, lw[kO], w.o, T_, H * D, hidden, threads))) return rc;
+        if (lw[kAttnOutNorm] &&  // in place: each element is read before it is written
+            (rc = eagle_trt_add_rms_norm(w.o, nullptr, lw[kAttnOutNorm], w.o, T_, hidden, eps, bf16, threads)))
+            return rc;
         if ((rc = eagle_trt_add_rms_norm(x, w.o, lw[kPostNorm], w.h, T_, hidden, eps, bf16, threads))) return rc;
         if ((rc = project(w.h, lw[kGateUp], w.gu, T_, hidden, 2 * I, threads))) return rc;
-        if ((rc = eagle_trt_silu_mul(w.gu, w.a, T_, I, bf16, threads))) return rc;
+        rc = kinds.act ? eagle_trt_gelu_tanh_mul(w.gu, w.a, T_, I, bf16, threads)
+                       : eagle_trt_silu_mul(w.gu, w.a, T_, I, bf16, threads);
+        if (rc) return rc;
         if ((rc = project(w.a, lw[kDown], w.d, T_, I, hidden, threads))) return rc;
+        if (lw[kMlpOutNorm] &&
+            (rc = eagle_trt_add_rms_norm(w.d, nullptr, lw[kMlpOutNorm], w.d, T_, hidden, eps, bf16, threads)))
+            return rc;
         pending = w.d;
     }
     if ((rc = eagle_trt_add_rms_norm(x, pending, final_norm, h_out, T_, hidden, eps, bf16, threads))) return rc;
@@ -120,14 +155,18 @@ int stack(T* x, const void* const* weights, int64_t L, const T* final_norm, T* h
 
 template <typename T>
 int run_stack(void* x, const void* const* weights, int64_t L, const void* final_norm, void* h_out, const void* cos,
-              const void* sin, int64_t n_parts, const int64_t* table, void* const* caches,
-              const uint8_t* const* masks, const Dims& s, float eps, const int64_t* aux_layers, int64_t n_aux,
+              const void* sin, const void* cos_local, const void* sin_local, const uint8_t* local_layers, float scale,
+              int act, int64_t n_parts, const int64_t* table, void* const* caches, const uint8_t* const* masks,
+              const uint8_t* const* local_masks, const Dims& s, float eps, const int64_t* aux_layers, int64_t n_aux,
               void* aux_out, void* scratch, Projection project, int threads) {
     std::vector<Part<T>> parts(static_cast<size_t>(n_parts));
-    if (read_parts(table, 5, caches, masks, n_parts, s.T, parts.data())) return -2;
+    if (read_parts(table, 5, caches, masks, n_parts, s.T, parts.data(), local_masks)) return -2;
+    const LayerKinds<T> kinds{scale, act, local_layers,
+                              static_cast<const T*>(cos_local ? cos_local : cos),
+                              static_cast<const T*>(sin_local ? sin_local : sin)};
     return stack(static_cast<T*>(x), weights, L, static_cast<const T*>(final_norm), static_cast<T*>(h_out),
-                 static_cast<const T*>(cos), static_cast<const T*>(sin), parts.data(), n_parts, s, eps, aux_layers,
-                 n_aux, static_cast<T*>(aux_out), static_cast<T*>(scratch), project, threads);
+                 static_cast<const T*>(cos), static_cast<const T*>(sin), kinds, parts.data(), n_parts, s, eps,
+                 aux_layers, n_aux, static_cast<T*>(aux_out), static_cast<T*>(scratch), project, threads);
 }
 
 }  // namespace
@@ -140,29 +179,37 @@ int64_t eagle_trt_stack_scratch(int64_t T, int64_t hidden, int64_t H, int64_t Hk
 }
 
 // x: [T, hidden], the embedded tokens of every part, updated in place to the last layer's output. weights: [L][kSlots]
-// pointers (input norm, packed qkv, qkv bias or null, packed o, post norm, packed gate_up, packed down). cos, sin:
-// [T, D]. The rows are n_parts consecutive parts (one per request in a batched pass), each with its own KV cache and
+// pointers (input norm, packed qkv, qkv bias or null, packed o, post norm, packed gate_up, packed down, then q norm,
+// k norm [D], attention-output norm and MLP-output norm [hidden], each null where the model has none). cos, sin:
+// [T, D]; local_layers: [L] bytes, nonzero for a sliding-window layer, which takes cos_local, sin_local and each
+// part's local mask (null: no such layer). scale: the attention scores' factor; act: 0 SiLU, 1 GELU-tanh. The rows
+// are n_parts consecutive parts (one per request in a batched pass), each with its own KV cache and
 // mask: parts [n_parts][5] = rows, start, and the caches' layer, head and row strides in elements; caches
 // [n_parts][2] = the part's [L, Hkv, capacity, D] K and V caches; masks [n_parts] = [rows, start + rows] bytes, or
-// null for one causal row. A part's rows are computed from its own tokens and cache alone, whatever else is in the
+// null for one causal row; local_masks [n_parts] the same less the keys outside the window (null, or a null entry:
+// the part's mask). A part's rows are computed from its own tokens and cache alone, whatever else is in the
 // pass: the projections keep every row a function of that row. aux_layers: n_aux ascending layer ids; aux_out:
 // [T, n_aux * hidden] or null. h_out: [T, hidden], the final norm of the output. Every tensor fp32, or every one
 // bf16 (bf16 = 1); amx = 1: the projections are packed for the AMX kernel (bf16 only), else for eagle_trt_gemm.
 // Returns 0, or the first failing kernel's code (-2 also when the parts' rows do not add up to T).
 int eagle_trt_decoder_stack(void* x, const void* const* weights, int64_t L, const void* final_norm, void* h_out,
-                            const void* cos, const void* sin, int64_t n_parts, const int64_t* parts,
-                            void* const* caches, const uint8_t* const* masks, int64_t T, int64_t hidden, int64_t H,
-                            int64_t Hkv, int64_t D, int64_t I, float eps, const int64_t* aux_layers, int64_t n_aux,
-                            void* aux_out, void* scratch, int bf16, int amx, int threads) {
-    if (T <= 0 || L <= 0 || D <= 0 || n_parts <= 0) return -2;
+                            const void* cos, const void* sin, const void* cos_local, const void* sin_local,
+                            const uint8_t* local_layers, int64_t n_parts, const int64_t* parts, void* const* caches,
+                            const uint8_t* const* masks, const uint8_t* const* local_masks, int64_t T, int64_t hidden,
+                            int64_t H, int64_t Hkv, int64_t D, int64_t I, float eps, float scale, int act,
+                            const int64_t* aux_layers, int64_t n_aux, void* aux_out, void* scratch, int bf16, int amx,
+                            int threads) {
+    if (T <= 0 || L <= 0 || D <= 0 || n_parts <= 0 || act < 0 || act > 1) return -2;
     const Projection project = projection(bf16, amx);
     if (!project) return -2;
     const Dims s{T, hidden, H, Hkv, D, I};
     if (bf16)
-        return run_stack<uint16_t>(x, weights, L, final_norm, h_out, cos, sin, n_parts, parts, caches, masks, s, eps,
-                                   aux_layers, n_aux, aux_out, scratch, project, threads);
-    return run_stack<float>(x, weights, L, final_norm, h_out, cos, sin, n_parts, parts, caches, masks, s, eps,
-                            aux_layers, n_aux, aux_out, scratch, project, threads);
+        return run_stack<uint16_t>(x, weights, L, final_norm, h_out, cos, sin, cos_local, sin_local, local_layers,
+                                   scale, act, n_parts, parts, caches, masks, local_masks, s, eps, aux_layers, n_aux,
+                                   aux_out, scratch, project, threads);
+    return run_stack<float>(x, weights, L, final_norm, h_out, cos, sin, cos_local, sin_local, local_layers, scale, act,
+                            n_parts, parts, caches, masks, local_masks, s, eps, aux_layers, n_aux, aux_out, scratch,
+                            project, threads);
 }
 
 }  // extern "C"

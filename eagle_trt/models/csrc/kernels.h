@@ -37,6 +37,9 @@ int eagle_trt_rope_qkv(const void* qkv, const void* bias, const void* cos, const
                        void* k_cache, int64_t k_sh, int64_t k_sr, void* v_cache, int64_t v_sh, int64_t v_sr,
                        int64_t start, int64_t T, int64_t H, int64_t Hkv, int64_t D, int bf16, int threads);
 int eagle_trt_silu_mul(const void* gu, void* out, int64_t T, int64_t I, int bf16, int threads);
+int eagle_trt_gelu_tanh_mul(const void* gu, void* out, int64_t T, int64_t I, int bf16, int threads);
+int eagle_trt_head_rms_norm(void* x, const void* w, int64_t T, int64_t heads, int64_t D, int64_t row_stride, float eps,
+                            int bf16, int threads);
 int eagle_trt_argmax(const void* x, int64_t T, int64_t n, int bf16, int64_t* out);
 
 // Attention (tree_attention.cpp).
@@ -47,10 +50,12 @@ int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const vo
 // The target's decoder stack in one call, over one or several requests' rows (decoder_stack.cpp).
 int64_t eagle_trt_stack_scratch(int64_t T, int64_t hidden, int64_t H, int64_t Hkv, int64_t D, int64_t I);
 int eagle_trt_decoder_stack(void* x, const void* const* weights, int64_t L, const void* final_norm, void* h_out,
-                            const void* cos, const void* sin, int64_t n_parts, const int64_t* parts,
-                            void* const* caches, const uint8_t* const* masks, int64_t T, int64_t hidden, int64_t H,
-                            int64_t Hkv, int64_t D, int64_t I, float eps, const int64_t* aux_layers, int64_t n_aux,
-                            void* aux_out, void* scratch, int bf16, int amx, int threads);
+                            const void* cos, const void* sin, const void* cos_local, const void* sin_local,
+                            const uint8_t* local_layers, int64_t n_parts, const int64_t* parts, void* const* caches,
+                            const uint8_t* const* masks, const uint8_t* const* local_masks, int64_t T, int64_t hidden,
+                            int64_t H, int64_t Hkv, int64_t D, int64_t I, float eps, float scale, int act,
+                            const int64_t* aux_layers, int64_t n_aux, void* aux_out, void* scratch, int bf16, int amx,
+                            int threads);
 
 // The draft head's forward in one call, and drafting's top-k log-probs (draft_layer.cpp).
 int64_t eagle_trt_draft_scratch(int64_t T, int64_t hidden, int64_t H, int64_t Hkv, int64_t D, int64_t I);

@@ -134,6 +134,40 @@ void silu_mul(const T* gu, T* out, int64_t T_, int64_t I, int threads) {
     }
 }
 
+// gelu_tanh(g) * u per element (Gemma 3's MLP): 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) in fp32, in the
+// order torch's tanh-approximate GELU writes it, rounded to the dtype, then the product. Element-wise, so every row
+// is a function of that row alone.
+template <typename T>
+void gelu_tanh_mul(const T* gu, T* out, int64_t T_, int64_t I, int threads) {
+    using E = Elem<T>;
+    const float beta = static_cast<float>(1.4142135623730951 * 1.1283791670955126 * 0.5), kappa = 0.044715f;
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (threads > 1 && T_ >= kParallelRows) schedule(static)
+    for (int64_t t = 0; t < T_; ++t) {
+        const T* g = gu + t * 2 * I;
+        const T* u = g + I;
+        T* o = out + t * I;
+        for (int64_t i = 0; i < I; ++i) {
+            const float x = E::get(g + i);
+            const float cube = x * x * x;
+            const float inner = beta * (x + kappa * cube);
+            const float gelu = 0.5f * x * (1.0f + std::tanh(inner));
+            E::put(o + i, E::round(vf{} + gelu)[0] * E::get(u + i));
+        }
+    }
+}
+
+// RMSNorm of every head vector of every row, in place: rows of `heads` vectors of D at `row_stride` apart.
+template <typename T>
+void head_rms_norm(T* x, const T* w, int64_t T_, int64_t heads, int64_t D, int64_t row_stride, float eps,
+                   int threads) {
+#pragma omp parallel for num_threads(threads > 0 ? threads : 1) if (threads > 1 && T_ >= kParallelRows) schedule(static)
+    for (int64_t t = 0; t < T_; ++t)
+        for (int64_t h = 0; h < heads; ++h) {
+            T* v = x + t * row_stride + h * D;
+            add_norm_row(v, static_cast<const T*>(nullptr), w, v, static_cast<int>(D), eps);
+        }
+}
+
 template <typename T>
 int64_t argmax_row(const T* row, int64_t n) {
     using E = Elem<T>;
@@ -211,6 +245,28 @@ int eagle_trt_silu_mul(const void* gu, void* out, int64_t T, int64_t I, int bf16
         silu_mul(static_cast<const uint16_t*>(gu), static_cast<uint16_t*>(out), T, I, threads);
     else
         silu_mul(static_cast<const float*>(gu), static_cast<float*>(out), T, I, threads);
+    return 0;
+}
+
+// gu: [T, 2I] (gate columns, then up); out: [T, I] = gelu_tanh(gate) * up; fp32 or bf16.
+int eagle_trt_gelu_tanh_mul(const void* gu, void* out, int64_t T, int64_t I, int bf16, int threads) {
+    if (bf16)
+        gelu_tanh_mul(static_cast<const uint16_t*>(gu), static_cast<uint16_t*>(out), T, I, threads);
+    else
+        gelu_tanh_mul(static_cast<const float*>(gu), static_cast<float*>(out), T, I, threads);
+    return 0;
+}
+
+// x: rows [T] of `heads` vectors of D elements at row_stride elements apart (a qkv row's q or k heads), each
+// replaced by its RMSNorm times w [D] (in place; the norm of add_rms_norm). fp32 or bf16.
+int eagle_trt_head_rms_norm(void* x, const void* w, int64_t T, int64_t heads, int64_t D, int64_t row_stride, float eps,
+                            int bf16, int threads) {
+    if (D <= 0 || heads <= 0) return -2;
+    if (bf16)
+        head_rms_norm(static_cast<uint16_t*>(x), static_cast<const uint16_t*>(w), T, heads, D, row_stride, eps,
+                      threads);
+    else
+        head_rms_norm(static_cast<float*>(x), static_cast<const float*>(w), T, heads, D, row_stride, eps, threads);
     return 0;
 }
 

@@ -440,13 +440,19 @@ void finish_row(const Layout& L, int t, int hk, const float* raw, const Values& 
                 int bf16, Scratch& w) {
     const int D = L.D, Dp = L.Dp, S = L.S, Sp = L.Sp, G = L.G;
     const uint8_t* visible = mask ? mask + (int64_t)t * S : nullptr;
-    // The list starts with the run of visible slots from 0 (the committed prefix: every slot for one row), listed
-    // without a test per slot; the rest (the row's ancestors in a tree) one by one.
-    const void* first_hidden = visible ? std::memchr(visible, 0, S) : nullptr;
-    const int run = first_hidden ? static_cast<int>(static_cast<const uint8_t*>(first_hidden) - visible) : S;
-    for (int j = 0; j < run; ++j) w.idx[j] = j;
+    // The list starts with the run of visible slots from the first visible one (the committed prefix, from slot 0,
+    // or from the window's first key in a sliding-window layer: every slot for one row), listed without a test per
+    // slot; the rest (the row's ancestors in a tree) one by one. Either way the list is the visible slots in order.
+    int lo = 0, end = S;  // the run is slots [lo, end)
+    if (visible) {
+        while (lo < S && !visible[lo]) ++lo;
+        const void* hidden = lo < S ? std::memchr(visible + lo, 0, S - lo) : nullptr;
+        if (hidden) end = static_cast<int>(static_cast<const uint8_t*>(hidden) - visible);
+    }
+    const int run = end - lo;
+    for (int j = 0; j < run; ++j) w.idx[j] = lo + j;
     int n = run;
-    for (int j = run + 1; j < S; ++j)
+    for (int j = end + 1; j < S; ++j)
         if (visible[j]) w.idx[n++] = j;
     float sums[64];
     const int64_t o = (int64_t)t * L.H * D + (int64_t)hk * G * D;  // first output element of this task
@@ -462,7 +468,7 @@ void finish_row(const Layout& L, int t, int hk, const float* raw, const Values& 
     for (int g = 0; g < G; ++g) {
         float* s = w.scores + g * Sp;
         const float* rg = raw + (int64_t)g * Sp;
-        std::memcpy(s, rg, sizeof(float) * run);
+        std::memcpy(s, rg + lo, sizeof(float) * run);
         for (int i = run; i < n; ++i) s[i] = rg[w.idx[i]];
         // Softmax weights over the visible keys, unnormalised: exp(score - max).
         const float m = max_of(s, n);

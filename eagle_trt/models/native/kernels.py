@@ -70,12 +70,12 @@ class NativeKernels:
     def target_weights(self, layers, norm) -> TargetStack:
         return TargetStack(layers, norm, stack.StackWeights(layers, norm))
 
-    def decoder_stack(self, weights: TargetStack, *, spec, x, cos, sin, parts, aux_layers):
+    def decoder_stack(self, weights: TargetStack, *, spec, x, cos, sin, parts, aux_layers, local_rope=None):
         if not all(_native_cache(p.cache, self.dtype) for p in parts):
             return reference.target_layers(weights.layers, weights.norm, spec, x, cos, sin, parts, aux_layers,
-                                           self.attend)
+                                           self.attend, local_rope=local_rope)
         return stack.decoder_stack(self.lib, weights.table, spec=spec, x=x.contiguous(), cos=cos, sin=sin,
-                                   parts=parts, aux_layers=aux_layers)
+                                   parts=parts, aux_layers=aux_layers, local_rope=local_rope)
 
     # ---- the draft head -------------------------------------------------------------------------------------
     def draft_weights(self, head) -> HeadStack:

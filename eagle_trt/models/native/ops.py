@@ -156,8 +156,10 @@ class Attention:
     def __init__(self, lib):
         self.lib = lib
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """q: [H, T, D], k/v: [Hkv, S, D] (any head/row strides, last dim contiguous), mask: [T, S] bool or None.
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                 scale: float | None = None) -> torch.Tensor:
+        """q: [H, T, D], k/v: [Hkv, S, D] (any head/row strides, last dim contiguous), mask: [T, S] bool or None;
+        scale: the scores' factor (None: D^-0.5).
 
         Returns [T, H*D] in q's dtype."""
         h, t, d = q.shape
@@ -169,7 +171,8 @@ class Attention:
         out = torch.empty(t, h * d, dtype=q.dtype)
         rc = self.lib.tree_attention(q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
                                      v.data_ptr(), v.stride(0), v.stride(1), m.data_ptr() if m is not None else None,
-                                     out.data_ptr(), h, hkv, t, s, d, 1.0 / math.sqrt(d), is_bf16(q),
+                                     out.data_ptr(), h, hkv, t, s, d, 1.0 / math.sqrt(d) if scale is None else scale,
+                                     is_bf16(q),
                                      torch.get_num_threads())
         _ok(rc, f"attention (heads {h}/{hkv}, head_dim {d})")
         return out

@@ -13,6 +13,7 @@ packed weights say which), and every kernel keeps each row a function of that ro
 from __future__ import annotations
 
 import ctypes
+import math
 
 import torch
 
@@ -47,17 +48,30 @@ def _same_kernel(projections, what: str) -> bool:
 
 class StackWeights:
     """The target's per-layer pointer table (csrc/decoder_stack.cpp's slot order: input norm, qkv, qkv bias, o, post
-    norm, gate_up, down), built once; it keeps the tensors it points at alive."""
+    norm, gate_up, down, q norm, k norm, attention-output norm, MLP-output norm; null where a model has none), built
+    once; it keeps the tensors it points at alive."""
 
     def __init__(self, layers, final_norm: torch.Tensor):
         dtype = final_norm.dtype
-        rows = [[lw.input_norm, lw.qkv.w, lw.qkv_bias, lw.o.w, lw.post_norm, lw.gate_up.w, lw.down.w]
-                for lw in layers]
+        rows = [[lw.input_norm, lw.qkv.w, lw.qkv_bias, lw.o.w, lw.post_norm, lw.gate_up.w, lw.down.w, lw.q_norm,
+                 lw.k_norm, lw.attn_out_norm, lw.mlp_out_norm] for lw in layers]
         self.keep = [t for row in rows for t in row if t is not None] + [final_norm]
         self.table = _table([t for row in rows for t in row], dtype, "decoder stack")
         self.amx = _same_kernel([p for lw in layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)], "decoder stack")
         self.final_norm, self.num_layers, self.dtype = final_norm, len(layers), dtype
         self._ids: dict[tuple, torch.Tensor] = {}
+        self._local: dict[tuple, torch.Tensor] = {}
+
+    def local_layers(self, layers) -> torch.Tensor | None:
+        """The sliding-window layers as the kernel reads them ([L] bytes), or None for none."""
+        key = tuple(layers)
+        if not key:
+            return None
+        if key not in self._local:
+            flags = torch.zeros(self.num_layers, dtype=torch.uint8)
+            flags[list(key)] = 1
+            self._local[key] = flags
+        return self._local[key]
 
     def aux_ids(self, layers: list[int]) -> torch.Tensor:
         """The feature layers as the kernel reads them (ascending, once each), made once per list."""
@@ -76,27 +90,36 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, dtype, need: int,
 
 
 def decoder_stack(lib, weights: StackWeights, *, spec, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  parts, aux_layers: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x [T, hidden] (updated in place to the last layer's output), cos/sin [T, D]; parts (`kernel_api.Part`): the
-    rows' requests in order, each with its KVCache ([L, Hkv, capacity, D] K and V), start and mask ([rows,
-    start + rows] bool or None) -> (final-normed hidden [T, hidden], the aux layers' outputs
-    [T, len(aux_layers) * hidden] or None). Every tensor in the weights' dtype."""
+                  parts, aux_layers: list[int], local_rope=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x [T, hidden] (updated in place to the last layer's output), cos/sin [T, D] (and local_rope, the
+    sliding-window layers' cos/sin, where spec.local_layers lists any); parts (`kernel_api.Part`): the rows' requests
+    in order, each with its KVCache ([L, Hkv, capacity, D] K and V), start, mask ([rows, start + rows] bool or None)
+    and window mask -> (final-normed hidden [T, hidden], the aux layers' outputs [T, len(aux_layers) * hidden] or
+    None). Every tensor in the weights' dtype."""
     dtype = weights.dtype
     t, hidden = x.shape
     if x.dtype is not dtype or not x.is_contiguous():
         raise TypeError(f"the decoder stack takes a contiguous {dtype} input, got {x.dtype}")
     part_table, cache_ptrs, mask_ptrs, keep = _part_table(parts, dtype, t, "decoder stack", layered=True)
+    local_ptrs = _window_masks(parts, keep)
     cos, sin = cos.contiguous(), sin.contiguous()
+    local = weights.local_layers(getattr(spec, "local_layers", ()))
+    if local is not None and local_rope is None:
+        raise ValueError("a model with sliding-window layers needs their RoPE tables")
+    cos_l, sin_l = (r.contiguous() for r in local_rope) if local is not None else (None, None)
+    keep += [cos_l, sin_l]
     ids = weights.aux_ids(aux_layers)
     aux = torch.empty(t, ids.numel() * hidden, dtype=dtype) if ids.numel() else None
     h = torch.empty(t, hidden, dtype=dtype)
     dims = (t, hidden, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.intermediate_size)
     work = scratch(lib.stack_scratch(*dims), dtype)
+    scale = getattr(spec, "attention_scale", None) or 1.0 / math.sqrt(spec.head_dim)
     rc = lib.decoder_stack(x.data_ptr(), weights.table, weights.num_layers, weights.final_norm.data_ptr(),
-                           h.data_ptr(), cos.data_ptr(), sin.data_ptr(), len(parts), part_table.data_ptr(), cache_ptrs,
-                           mask_ptrs, *dims, spec.rms_norm_eps, ids.data_ptr(), ids.numel(),
-                           aux.data_ptr() if aux is not None else None, work.data_ptr(), ops.is_bf16(x),
-                           int(weights.amx), torch.get_num_threads())
+                           h.data_ptr(), cos.data_ptr(), sin.data_ptr(), _ptr(cos_l), _ptr(sin_l), _ptr(local),
+                           len(parts), part_table.data_ptr(), cache_ptrs, mask_ptrs, local_ptrs, *dims,
+                           spec.rms_norm_eps, scale, int(getattr(spec, "activation", "silu") == "gelu_tanh"),
+                           ids.data_ptr(), ids.numel(), aux.data_ptr() if aux is not None else None, work.data_ptr(),
+                           ops.is_bf16(x), int(weights.amx), torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"native decoder stack failed (code {rc}) for {t} rows in {len(parts)} parts")
     return h, aux
@@ -142,6 +165,21 @@ def draft_layer(lib, weights: DraftWeights, *, spec, hidden: torch.Tensor, e: to
     if rc != 0:
         raise RuntimeError(f"native draft layer failed (code {rc}) for {t} rows in {len(parts)} parts")
     return logits, out
+
+
+def _ptr(t: torch.Tensor | None):
+    return t.data_ptr() if t is not None else None
+
+
+def _window_masks(parts, keep: list):
+    """Each part's sliding-window mask as the kernel reads it (null entries: the part's own mask), or None where no
+    part has one; the byte masks join `keep`."""
+    masks = [getattr(p, "window_mask", None) for p in parts]
+    if all(m is None for m in masks):
+        return None
+    bytes_ = [ops.byte_mask(m, p.rows, p.start + p.rows) for m, p in zip(masks, parts)]
+    keep += bytes_
+    return (ctypes.c_void_p * len(parts))(*[_ptr(b) for b in bytes_])
 
 
 def _part_table(parts, dtype, rows: int, what: str, layered: bool):
