@@ -1,0 +1,256 @@
+"""Head training on torch.distributed (gloo, 2 ranks of 1 thread each): the same global batch gives one process's loss
+curve and head, a SIGTERM on one rank stops every rank with a checkpoint that a single process resumes, and
+`convert --nproc 2` writes the checkpoint one process writes.
+
+Tolerances: the loss curves of 1 and 2 ranks agree to 1e-4 relative per step and the heads to 1e-4 absolute (they
+differ only in float summation order: the split batch is reweighted to the global token mean, see train_ddp.py);
+greedy tau on the held-out prompts is equal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from eagle_trt.convert.attach import attach_eagle3
+from eagle_trt.convert.data import build_dataset
+from eagle_trt.convert.distributed import World, rank_share, rank_span
+from eagle_trt.convert.draft_vocab import d2t_from_vocab, load_d2t, ranking, select_draft_vocab
+from eagle_trt.convert.load_target import load_target
+from eagle_trt.convert.train import (TrainConfig, build_feature_cache, load_feature_cache, read_checkpoint,
+                                     samples_seen, train_head)
+from eagle_trt.convert.train_ddp import StepShare
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = REPO / "tests" / "dist_train_worker.py"
+WORDS = "the cat sat on a mat and then ran to the big red house where a dog slept all day".split()
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+       "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+STEPS = 40
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def chats(tmp_path_factory):
+    rng = random.Random(0)
+    path = tmp_path_factory.mktemp("data") / "chats.jsonl"
+    with path.open("w") as f:
+        for i in range(30):
+            q = " ".join(rng.choice(WORDS) for _ in range(6))
+            a = " ".join(rng.choice(WORDS) for _ in range(4 + i))  # lengths differ: ranks hold unequal tokens
+            f.write(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
+                    + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def cache(tiny_model_dir, chats, tmp_path_factory):
+    _, tok, _ = load_target(tiny_model_dir)
+    model, _, _ = load_target(tiny_model_dir)
+    ds = build_dataset([chats], tok, seq_len=48, n_val=2, progress=False)
+    return build_feature_cache(model, ds.sequences, [1, 3, 4], tmp_path_factory.mktemp("work") / "cache", key="k",
+                               progress=False)
+
+
+def fresh_model(tiny_model_dir, cache):
+    """What tests/dist_train_worker.py trains."""
+    model, _, _ = load_target(tiny_model_dir)
+    model = attach_eagle3(model, 64)
+    load_d2t(model, d2t_from_vocab(select_draft_vocab(ranking(cache.predicted_counts, cache.seen_counts), 64,
+                                                      always=[257])))
+    return model
+
+
+def cfg(steps=STEPS):
+    return TrainConfig(steps=steps, batch_size=4, lr=1e-3, checkpoint_every=100)
+
+
+@pytest.fixture(scope="module")
+def one_rank(tiny_model_dir, cache, tmp_path_factory):
+    """The reference: one process, STEPS steps."""
+    model = fresh_model(tiny_model_dir, cache)
+    result = train_head(model, cache, cfg(), tmp_path_factory.mktemp("ref") / "c.safetensors", progress=False)
+    return result.history, {k: v.detach().clone() for k, v in model.eagle_module.state_dict().items()}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(*args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+                             "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(WORKER),
+                             *map(str, args)], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def read_head(path: Path) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    with safe_open(str(path), framework="pt") as f:
+        return json.loads(f.metadata()["history"]), {k: f.get_tensor(k) for k in f.keys()}
+
+
+def assert_same_run(history, head, ref_history, ref_head):
+    assert [h["step"] for h in history] == [h["step"] for h in ref_history]
+    for h, r in zip(history, ref_history):
+        assert h["loss"] == pytest.approx(r["loss"], rel=1e-4), (h, r)
+        assert h["acc"] == pytest.approx(r["acc"], abs=2e-3), (h, r)
+    assert head.keys() == ref_head.keys()
+    for k in head:
+        torch.testing.assert_close(head[k], ref_head[k], rtol=0, atol=1e-4, msg=k)
+
+
+# ---- the split --------------------------------------------------------------------------------------
+def test_shares_and_spans():
+    assert [rank_share([7, 3, 9, 1, 5], r, 2) for r in (0, 1)] == [[7, 9, 5], [3, 1]]
+    assert rank_share([4], 1, 2) == []
+    lengths = [10, 10, 10, 10, 10, 10, 60]  # 120 tokens: halves at 60
+    assert [rank_span(lengths, r, 2) for r in (0, 1)] == [(0, 6), (6, 7)] and rank_span(lengths, 0, 1) == (0, 7)
+    assert [rank_span([5] * 9, r, 3) for r in range(3)] == [(0, 3), (3, 6), (6, 9)]
+    assert [rank_span([], r, 3) for r in range(3)] == [(0, 0)] * 3
+    assert samples_seen(10, 4, 2) == 8 and samples_seen(10, 4, 3) == 10 and samples_seen(10, 4, 5) == 18
+
+
+def _grads(model, cache, share: StepShare | None, idx):
+    """The head's gradient of modelopt's loss on sequences idx (weighted as `share` says)."""
+    model.zero_grad(set_to_none=True)
+    model._cached_attn_blk_masks = {}
+    b = cache.batch(idx)
+    ctx = share.weighting(model) if share is not None else torch.enable_grad()
+    with ctx:
+        out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], loss_mask=b["attention_mask"],
+                    base_model_outputs={"aux_hidden_states": b["aux"], "base_model_hidden_states": b["hidden"]})
+    out.loss.backward()
+    return {n: p.grad.clone() for n, p in model.eagle_module.named_parameters() if p.grad is not None}
+
+
+def test_weighted_shares_average_to_the_global_gradient(tiny_model_dir, cache):
+    """What DDP computes (the mean of the ranks' gradients) equals one process's gradient on the whole batch, for
+    ranks of unequal token counts; without the weights it does not (the mutation this test catches)."""
+    model = fresh_model(tiny_model_dir, cache)
+    from eagle_trt.convert.train import _offline_mode
+
+    _offline_mode(model, cfg())
+    model.train()
+    batch = [0, 29, 1, 28, 15]  # the shortest and longest sequences: rank 0 gets 3, rank 1 gets 2
+    assert cache.length(0) < cache.length(29)
+    full = _grads(model, cache, None, batch)
+    parts = [StepShare.of(batch, cache.length, World(r, 2), 3) for r in (0, 1)]
+    mean = [_grads(model, cache, s, s.indices) for s in parts]
+    plain = [_grads(model, cache, None, s.indices) for s in parts]
+    worst = worst_plain = 0.0
+    for k, g in full.items():
+        scale = float(g.abs().max())
+        worst = max(worst, float(((mean[0][k] + mean[1][k]) / 2 - g).abs().max()) / scale)
+        worst_plain = max(worst_plain, float(((plain[0][k] + plain[1][k]) / 2 - g).abs().max()) / scale)
+    assert worst < 1e-5, worst
+    assert worst_plain > 1e-3, worst_plain
+    empty = StepShare.of([3], cache.length, World(1, 2), 3)  # fewer sequences than ranks: a zero-weight stand-in
+    assert empty.indices == [3] and empty.weight(0) == 0.0
+
+
+# ---- 2 ranks against 1 -------------------------------------------------------------------------------
+def test_two_ranks_give_one_ranks_curve_and_head(tiny_model_dir, cache, one_rank, tmp_path):
+    out = tmp_path / "head.safetensors"
+    proc = torchrun(tiny_model_dir, cache.dir, "k", tmp_path / "c.safetensors", out, STEPS)
+    log, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, log[-3000:]
+    assert_same_run(*read_head(out), *one_rank)
+    _, meta = read_checkpoint(tmp_path / "c.safetensors")
+    assert meta["step"] == STEPS and meta["extra"] == {"samples_seen": samples_seen(len(cache), 4, STEPS),
+                                                       "world_size": 2}
+
+
+def test_sigterm_on_one_rank_saves_and_one_rank_resumes(tiny_model_dir, cache, one_rank, tmp_path):
+    """SIGTERM to rank 1 alone: both ranks stop after the same step, rank 0 saves; one process then resumes from that
+    global step and ends where the uninterrupted run ends."""
+    ckpt, out = tmp_path / "c.safetensors", tmp_path / "head.safetensors"
+    proc = torchrun(tiny_model_dir, cache.dir, "k", ckpt, out, STEPS, "--checkpoint-every", 2)
+    deadline = time.monotonic() + 240
+    while not ckpt.exists():
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    pids = dict(line.split() for line in Path(f"{out}.pids").read_text().splitlines())
+    os.kill(int(pids["1"]), signal.SIGTERM)
+    log, _ = proc.communicate(timeout=240)
+    assert proc.returncode != 0 and not out.exists(), log[-3000:]  # interrupted: the worker wrote no final head
+    for pid in pids.values():  # every rank has exited
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid), 0)
+    _, meta = read_checkpoint(ckpt)
+    stopped = meta["step"]
+    assert 2 <= stopped < STEPS and meta["extra"]["world_size"] == 2 and len(meta["history"]) == stopped
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.safetensors", "head.safetensors.pids"]  # no temp file
+
+    model = fresh_model(tiny_model_dir, cache)
+    result = train_head(model, cache, cfg(), ckpt, resume=True, progress=False)
+    assert result.resumed_from == stopped and result.steps == STEPS
+    head = {k: v.detach().clone() for k, v in model.eagle_module.state_dict().items()}
+    assert_same_run(result.history, head, *one_rank)
+
+
+# ---- convert --nproc --------------------------------------------------------------------------------------
+def test_convert_nproc_2_matches_one_process(tiny_model_dir, chats, tmp_path):
+    args = ["--data", str(chats), "--steps", "12", "--draft-vocab-size", "64", "--seq-len", "48", "--lr", "3e-3",
+            "--no-calibrate-kv", "--json"]
+    runs = {}
+    for n in (1, 2):
+        r = subprocess.run([sys.executable, "-m", "eagle_trt", "convert", str(tiny_model_dir), "-o",
+                            str(tmp_path / f"o{n}"), "--work-dir", str(tmp_path / f"w{n}"), "--nproc", str(n), *args],
+                           env=ENV, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[n] = json.loads(r.stdout)
+    one, two = runs[1], runs[2]
+    assert two["training"]["config"]["world_size"] == 2 and one["training"]["config"]["world_size"] == 1
+    for tree in ("chain", "dynamic"):  # the same greedy tau on the held-out prompts
+        assert two["validation"][tree]["per_prompt"] == one["validation"][tree]["per_prompt"]
+    h1 = read_checkpoint(tmp_path / "w1" / "checkpoint.safetensors")[1]["history"]
+    h2 = read_checkpoint(tmp_path / "w2" / "checkpoint.safetensors")[1]["history"]
+    assert [h["loss"] for h in h2] == pytest.approx([h["loss"] for h in h1], rel=1e-4)
+    # Each rank wrote its shard of the feature cache; joined, it is the one process's cache, sequence by sequence.
+    c1 = load_feature_cache(tmp_path / "w1" / "cache", one_key(tmp_path / "w1"))
+    c2 = load_feature_cache(tmp_path / "w2" / "cache", one_key(tmp_path / "w1"))
+    assert c2.meta["shards"] == ["shard-r000-00000.safetensors", "shard-r001-00000.safetensors"]
+    assert len(c1) == len(c2) and torch.equal(c1.predicted_counts, c2.predicted_counts)
+    for i in range(len(c1)):
+        a, b = c1.sequence(i), c2.sequence(i)
+        assert torch.equal(a["input_ids"], b["input_ids"])
+        torch.testing.assert_close(b["aux"].float(), a["aux"].float(), rtol=0, atol=2e-2)
+
+
+def one_key(work: Path) -> str:
+    return json.loads((work / "cache" / "meta.json").read_text())["key"]
+
+
+def test_nproc_refused_where_it_cannot_work(tiny_model_dir, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "eagle_trt", "convert", str(tiny_model_dir), "-o", str(tmp_path / "o"),
+                        "--nproc", "0"], env=ENV, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--nproc must be >= 1" in r.stderr and "Traceback" not in r.stderr
+    from eagle_trt.convert import convert_model
+    from eagle_trt.errors import InputError
+
+    os.environ.update(WORLD_SIZE="2", RANK="1")
+    try:
+        with pytest.raises(InputError, match="only to train a head"):
+            convert_model(tiny_model_dir, tmp_path / "x", steps=0, progress=False)
+    finally:
+        del os.environ["WORLD_SIZE"], os.environ["RANK"]
