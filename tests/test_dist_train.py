@@ -237,6 +237,35 @@ def test_convert_nproc_2_matches_one_process(tiny_model_dir, chats, tmp_path):
         torch.testing.assert_close(b["aux"].float(), a["aux"].float(), rtol=0, atol=2e-2)
 
 
+def test_sigterm_to_convert_nproc_saves_and_resume_goes_on_with_one_process(tiny_model_dir, chats, tmp_path):
+    """SIGTERM to the `convert --nproc 2` launcher reaches both ranks once: exit 143, one line from rank 0, a
+    checkpoint; `convert --resume` as one process continues from its global step to the end."""
+    work, out = tmp_path / "w", tmp_path / "o"
+    cmd = [sys.executable, "-m", "eagle_trt", "convert", str(tiny_model_dir), "-o", str(out), "--work-dir", str(work),
+           "--data", str(chats), "--steps", "60", "--draft-vocab-size", "64", "--seq-len", "48",
+           "--checkpoint-every", "2", "--no-calibrate-kv", "--no-validate", "--json"]
+    proc = subprocess.Popen([*cmd, "--nproc", "2"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    ckpt = work / "checkpoint.safetensors"
+    deadline = time.monotonic() + 240
+    while not ckpt.exists():
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 143, err[-3000:]
+    said = [line for line in err.splitlines() if line.startswith("Terminated: training interrupted")]
+    assert len(said) == 1 and "Traceback" not in err, err[-3000:]
+    stopped = read_checkpoint(ckpt)[1]["step"]
+    assert 2 <= stopped < 60 and not out.exists()
+    r = subprocess.run([*cmd, "--resume"], env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    training = json.loads(r.stdout)["training"]
+    assert training["resumed_from"] == stopped and training["steps"] == 60
+    assert training["config"]["world_size"] == 1
+
+
 def one_key(work: Path) -> str:
     return json.loads((work / "cache" / "meta.json").read_text())["key"]
 

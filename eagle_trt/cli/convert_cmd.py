@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -94,7 +95,12 @@ def _launch(nproc: int) -> int:
 def _convert(model, output, options: dict, json_out) -> None:
     from eagle_trt.convert import convert_model
 
-    result = convert_model(model, output, progress=not json_out, **options)
+    try:
+        result = convert_model(model, output, progress=not json_out, **options)
+    except KeyboardInterrupt as e:
+        if os.environ.get("RANK", "0") != "0":  # a helper rank stops with rank 0, which says why and where
+            raise typer.Exit(getattr(e, "exit_code", 130)) from None
+        raise
     if "rank" in result.summary:  # a helper rank of a distributed run: rank 0 reports
         return
     if json_out:

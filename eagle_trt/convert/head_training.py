@@ -3,11 +3,14 @@ vocabulary, modelopt's head attached and trained, then exported (`pipeline.py` r
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Callable
+
+import torch
 
 from eagle_trt.engine.datastore_file import DATASTORE_NAME, write_datastore
 from eagle_trt.errors import InputError
@@ -65,6 +68,16 @@ def _load_or_build_dataset(work: Path, key: str, build: Callable):
     return ds, False
 
 
+def _drop_target_layers(model) -> None:
+    """Offline training reads the target's embeddings, final norm and LM head only (its layers' outputs come from
+    the feature cache, and OUT/target was written before the head was attached): the decoder layers are released,
+    so a rank holds the head, its optimizer and those few target tensors, not the whole target."""
+    base = getattr(model, "model", None)
+    if isinstance(getattr(base, "layers", None), torch.nn.ModuleList):
+        base.layers = torch.nn.ModuleList()
+        gc.collect()
+
+
 def _made_by_rank_0(work: Path) -> Callable:
     def fail():
         raise InputError(f"{work / 'dataset.json'}: rank 0 made no dataset this rank can read; every rank needs the "
@@ -115,6 +128,7 @@ def _train(model, cache, d2t, info, train: dict, work: Path, stages: Stages, wor
     """The attached head trained on the cache (on every rank); (model back on the CPU, TrainResult, run config)."""
     if d2t is not None:
         load_d2t(model, d2t)
+    _drop_target_layers(model)
     run_on = train["run_on"]
     model.to(run_on)
     run_config = run_config_dict(target=info.path, draft_vocab_size=model.eagle_config.draft_vocab_size,

@@ -4,8 +4,9 @@ its rendezvous on 127.0.0.1, so one machine trains the head with N ranks without
     code = launch_local(4, ["model.gguf", "--output", "ckpt", "--data", "chats.jsonl", "--epochs", "2"])
 
 Each worker is `python -m eagle_trt convert ARGS` with torchrun's RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR set;
-they print their own errors (rank 0's is the run's). A Ctrl-C or SIGTERM sent to this process reaches every worker
-through the launcher, which gives them its shutdown time to finish the step and save the checkpoint.
+they print their own errors (rank 0's is the run's). The workers run in their own sessions (torch's launcher starts
+them so), so a Ctrl-C at the terminal or a SIGTERM reaches them once, passed on by the launcher, which then waits
+SHUTDOWN_TIMEOUT_S for them to finish the step and save the checkpoint.
 Several machines: torchrun itself with a rendezvous endpoint (docs/training.md).
 """
 
@@ -18,6 +19,9 @@ import uuid
 from eagle_trt.errors import InputError
 
 LOOPBACK = "127.0.0.1"
+# How long the launcher waits, after passing on a Ctrl-C or SIGTERM, for the workers to finish their step and save
+# the checkpoint before it kills them (torch's own default, 30 s, is shorter than one step of a large head).
+SHUTDOWN_TIMEOUT_S = 600
 
 
 def worker_env(nproc: int, env: dict[str, str]) -> dict[str, str]:
@@ -62,7 +66,8 @@ def launch_local(nproc: int, convert_args: list[str]) -> int:
     os.environ.update(worker_env(nproc, os.environ))
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"eagle-trt-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint=f"{LOOPBACK}:0", max_restarts=0, monitor_interval=0.2,
-                          local_addr=LOOPBACK)
+                          local_addr=LOOPBACK, shutdown_timeout=int(os.environ.get(
+                              "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT_S)))
     try:
         elastic_launch(config, sys.executable)("-m", "eagle_trt", "convert", *convert_args)
     except ChildFailedError as e:
