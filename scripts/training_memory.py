@@ -4,8 +4,13 @@
     python scripts/training_memory.py --config /models/qwen3-8b/config.json --world 8 --batch-size 16
 
 What is counted, per rank, in bytes (H hidden, I intermediate, V vocab, Dv draft vocab, L sequence length, b = the
-rank's share of the global batch, T the TTT steps):
-  target      the whole target, as convert loads it (fp32: 4 B/param), resident on every rank
+rank's share of the global batch, T the TTT steps), in the two phases:
+feature cache (the target's forward over the rank's share of the sequences, in batches of --batch-size):
+  target      the whole target, as convert loads it (fp32: 4 B/param)
+  activations the widest tensor of one decoder layer's forward (the MLP's gate and up, 2*I per token, fp32), the
+              caught aux outputs (3H per token), one sequence's logits over V (the argmax counts)
+training (the decoder layers released; the cache holds their outputs):
+  target      its embeddings and LM head (V x H each unless tied), fp32
   head        the trainable EAGLE-3 head in fp32: fc (3H x H), one decoder layer over 2H inputs, its norms, the
               draft LM head (Dv x H); x4 B weights, x4 B gradients, x4 B DDP's gradient buckets
   optimizer   AdamW's exp_avg and exp_avg_sq, fp32: 8 B/param
@@ -49,21 +54,29 @@ def head_params(c: dict, draft_vocab: int) -> int:
 
 
 def per_rank(c: dict, *, world: int, batch_size: int, seq_len: int, draft_vocab: int, ttt_steps: int) -> dict:
-    h, v = c["hidden_size"], c["vocab_size"]
+    h, v, i = c["hidden_size"], c["vocab_size"], c["intermediate_size"]
     b = -(-batch_size // world)  # the largest share
     n_head = head_params(c, draft_vocab)
     tokens = b * seq_len
-    rows = {
-        "target (fp32, resident)": target_params(c) * 4,
+    embed_and_lm_head = v * h * (1 if c.get("tie_word_embeddings") else 2) + h
+    cache_tokens = batch_size * seq_len  # every rank runs its sequences in batches of --batch-size
+    cache = {  # building the feature cache: the target's forward over this rank's sequences, batch by batch
+        "target (fp32)": target_params(c) * 4,
+        "forward activations (one layer's widest)": cache_tokens * max(i * 2, 4 * h) * 4,
+        "aux outputs caught": cache_tokens * 3 * h * 4,
+        "target logits of one sequence (argmax)": seq_len * v * 4,
+    }
+    train = {  # training the head on the cache (the decoder layers released)
+        "target embeddings + LM head (fp32)": embed_and_lm_head * 4,
         "head weights + grads + DDP buckets": n_head * 12,
         "AdamW states": n_head * 8,
         "features (one step)": tokens * 4 * h * 4,
         "target softmax over V": tokens * v * 4,
         "head logits, all TTT steps": ttt_steps * tokens * draft_vocab * 4 * 2,
     }
-    rows["total"] = sum(rows.values())
+    cache["total"], train["total"] = sum(cache.values()), sum(train.values())
     return {"head_params": n_head, "target_params": target_params(c), "share": b,
-            "cache_bytes_per_token": 4 * h * 2, "rows": rows}
+            "cache_bytes_per_token": 4 * h * 2, "phases": {"feature cache": cache, "training": train}}
 
 
 def main() -> None:
@@ -83,9 +96,11 @@ def main() -> None:
         print(f"{name}: target {r['target_params'] / 1e9:.2f}B params, head {r['head_params'] / 1e6:.1f}M params; "
               f"world {a.world}, global batch {a.batch_size} ({r['share']} per rank) x {a.seq_len} tokens, "
               f"draft vocab {a.draft_vocab_size}, {a.ttt_steps} TTT steps")
-        for k, v in r["rows"].items():
-            print(f"  {k:<36} {v / GiB:9.2f} GiB")
-        print(f"  {'feature cache on disk, per token':<36} {r['cache_bytes_per_token'] / 1024:9.1f} KiB")
+        for phase, rows in r["phases"].items():
+            print(f"  {phase}:")
+            for k, v in rows.items():
+                print(f"    {k:<42} {v / GiB:9.2f} GiB")
+        print(f"  {'feature cache on disk, per token':<44} {r['cache_bytes_per_token'] / 1024:9.1f} KiB")
 
 
 if __name__ == "__main__":

@@ -174,10 +174,7 @@ def convert_model(
         max_shard_size=max_shard_size, train_options=dict(batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
                                                            ttt_steps=ttt_steps, checkpoint_every=checkpoint_every,
                                                            seed=seed))
-    world = World.from_env()
-    if world.active and not train:
-        raise InputError(f"convert runs on {world.size} processes (torchrun / --nproc) only to train a head: add "
-                         "--steps N or --epochs N with --data, or run it as one process")
+    world = _world(train, batch_size)
     run_on, out, work = _prepare(model_path, output_dir, overwrite, head, train, device, work_dir)
     run_on = world.device(run_on) if train else run_on
     progress = progress and world.is_main
@@ -224,6 +221,18 @@ def convert_model(
     if report is not None:
         summary["validation"] = report["validation"]
     return ConvertResult(out, out / "target", out / "draft", summary)
+
+
+def _world(train: bool, batch_size: int) -> World:
+    """This process's place under torchrun (a world of one without it), checked against the options."""
+    world = World.from_env()
+    if world.active and not train:
+        raise InputError(f"convert runs on {world.size} processes (torchrun / --nproc) only to train a head: add "
+                         "--steps N or --epochs N with --data, or run it as one process")
+    if world.size > batch_size:
+        raise InputError(f"--batch-size {batch_size} is the global batch and is smaller than the {world.size} ranks; "
+                         f"give at least --batch-size {world.size}")
+    return world
 
 
 def _prepare(model_path, output_dir, overwrite: bool, head: Path | None, train: bool, device: str | None,
