@@ -270,10 +270,13 @@ def one_key(work: Path) -> str:
     return json.loads((work / "cache" / "meta.json").read_text())["key"]
 
 
-def test_nproc_refused_where_it_cannot_work(tiny_model_dir, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "eagle_trt", "convert", str(tiny_model_dir), "-o", str(tmp_path / "o"),
-                        "--nproc", "0"], env=ENV, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "--nproc must be >= 1" in r.stderr and "Traceback" not in r.stderr
+def test_nproc_refused_where_it_cannot_work(tiny_model_dir, chats, tmp_path):
+    for extra, said in ((["--steps", "3", "--nproc", "0"], "--nproc must be >= 1"),
+                        (["--nproc", "2"], "add --steps N or --epochs N")):
+        r = subprocess.run([sys.executable, "-m", "eagle_trt", "convert", str(tiny_model_dir), "-o",
+                            str(tmp_path / "o"), *extra], env=ENV, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert not (tmp_path / "o").exists()
     from eagle_trt.convert import convert_model
     from eagle_trt.errors import InputError
 
@@ -281,5 +284,7 @@ def test_nproc_refused_where_it_cannot_work(tiny_model_dir, tmp_path):
     try:
         with pytest.raises(InputError, match="only to train a head"):
             convert_model(tiny_model_dir, tmp_path / "x", steps=0, progress=False)
+        with pytest.raises(InputError, match="--batch-size 1 is the global batch"):
+            convert_model(tiny_model_dir, tmp_path / "x", steps=3, data=[chats], batch_size=1, progress=False)
     finally:
         del os.environ["WORLD_SIZE"], os.environ["RANK"]

@@ -73,7 +73,7 @@ def convert(
       eagle-trt convert big.gguf --draft-model small.gguf --output ckpt   # a small LM of the same family drafts
     """
     if nproc != 1:
-        raise typer.Exit(handle_errors(_launch)(nproc))
+        raise typer.Exit(handle_errors(_launch)(nproc, steps > 0 or epochs is not None))
     handle_errors(_convert)(model, output, dict(
         steps=steps, epochs=epochs, data=data or None, draft_vocab_size=draft_vocab_size, seq_len=seq_len,
         batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, ttt_steps=ttt_steps, regenerate=regenerate,
@@ -84,11 +84,14 @@ def convert(
         json_out)
 
 
-def _launch(nproc: int) -> int:
+def _launch(nproc: int, train: bool) -> int:
     import sys
 
     from eagle_trt.convert.launch import convert_args_without_nproc, launch_local
+    from eagle_trt.errors import InputError
 
+    if not train:
+        raise InputError(f"--nproc {nproc} trains a head on {nproc} processes: add --steps N or --epochs N with --data")
     return launch_local(nproc, convert_args_without_nproc(sys.argv))
 
 

@@ -12,6 +12,10 @@ EAGLE-3 training-time-test loop (`eagle_ttt_steps` unrolled draft steps, each at
 earlier predictions) with a soft cross-entropy against the target's distribution restricted to
 the draft vocab, decayed by 0.9 per step, and top-1 accuracy against the target's argmax.
 
+Under torchrun every rank runs `train_head` with its `World` (`distributed.py`): each global batch is split over
+the ranks and the head wrapped in DDP (`train_ddp.py`), rank 0 alone writes the checkpoint, and a stop asked on any
+rank stops them all after the same step. One process runs the same loop with no collective.
+
 This module owns the training loop: `TrainConfig` (schedule and validation), the seeded batch order,
 Ctrl-C handling, `train_head` and its `TrainResult` summary. The feature cache (layout, build, read)
 lives in `feature_cache.py`; the atomic resumable checkpoint in `train_checkpoint.py`. Their public
@@ -346,4 +350,4 @@ def run_config_dict(**kw) -> dict:
 
 __all__ = ["FeatureCache", "TrainConfig", "TrainResult", "TrainingInterrupted", "build_feature_cache",
            "load_feature_cache", "train_head", "save_checkpoint", "load_checkpoint", "read_checkpoint",
-           "batch_order"]
+           "batch_order", "samples_seen"]
