@@ -9,8 +9,9 @@ layers), the layout on disk and its validity check, and reading padded batches b
     batch = cache.batch([0, 3, 5])   # input_ids / attention_mask [B, L], aux / hidden [B, L, *] float32
 
 Cache layout (CACHE = the work dir's `cache/`):
-    CACHE/shard-00000.safetensors   (shard-r<rank>-00000 when several ranks wrote it) input_ids [N] int32, aux [N, n_aux*H], hidden [N, H] (bfloat16 by
-                                     default), offsets [S+1] int64: sequence j is rows offsets[j]:offsets[j+1]
+    CACHE/shard-00000.safetensors   input_ids [N] int32, aux [N, n_aux*H], hidden [N, H] (bfloat16 by
+                                     default), offsets [S+1] int64: sequence j is rows offsets[j]:offsets[j+1];
+                                     shard-r<rank>-00000... when several ranks wrote it (rank order = sequence order)
     CACHE/counts.safetensors        predicted [V], seen [V] int64: target argmax / data token counts
     CACHE/meta.json                 written last; the cache is valid only if it exists and its key matches
 """
