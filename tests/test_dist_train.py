@@ -119,6 +119,23 @@ def assert_same_run(history, head, ref_history, ref_head):
 
 
 # ---- the split --------------------------------------------------------------------------------------
+def test_world_from_torchrun_env(monkeypatch):
+    from eagle_trt.errors import InputError
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert World.from_env() == World() and not World().active
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    w = World.from_env()
+    assert (w.rank, w.size, w.local_rank, w.active, w.is_main) == (3, 4, 1, True, False)
+    assert w.device(torch.device("cpu")) == torch.device("cpu")
+    monkeypatch.setenv("RANK", "4")
+    with pytest.raises(InputError, match="RANK 4 does not fit WORLD_SIZE 4"):
+        World.from_env()
+
+
 def test_shares_and_spans():
     assert [rank_share([7, 3, 9, 1, 5], r, 2) for r in (0, 1)] == [[7, 9, 5], [3, 1]]
     assert rank_share([4], 1, 2) == []
@@ -242,7 +259,7 @@ def test_sigterm_to_convert_nproc_saves_and_resume_goes_on_with_one_process(tiny
     checkpoint; `convert --resume` as one process continues from its global step to the end."""
     work, out = tmp_path / "w", tmp_path / "o"
     cmd = [sys.executable, "-m", "eagle_trt", "convert", str(tiny_model_dir), "-o", str(out), "--work-dir", str(work),
-           "--data", str(chats), "--steps", "60", "--draft-vocab-size", "64", "--seq-len", "48",
+           "--data", str(chats), "--steps", "30", "--draft-vocab-size", "64", "--seq-len", "48",
            "--checkpoint-every", "2", "--no-calibrate-kv", "--no-validate", "--json"]
     proc = subprocess.Popen([*cmd, "--nproc", "2"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -258,11 +275,11 @@ def test_sigterm_to_convert_nproc_saves_and_resume_goes_on_with_one_process(tiny
     said = [line for line in err.splitlines() if line.startswith("Terminated: training interrupted")]
     assert len(said) == 1 and "Traceback" not in err, err[-3000:]
     stopped = read_checkpoint(ckpt)[1]["step"]
-    assert 2 <= stopped < 60 and not out.exists()
+    assert 2 <= stopped < 30 and not out.exists()
     r = subprocess.run([*cmd, "--resume"], env=ENV, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     training = json.loads(r.stdout)["training"]
-    assert training["resumed_from"] == stopped and training["steps"] == 60
+    assert training["resumed_from"] == stopped and training["steps"] == 30
     assert training["config"]["world_size"] == 1
 
 

@@ -4,7 +4,7 @@ see `launch.py`) sets it up, and the few collective steps the training path need
     world = World.from_env()              # RANK / WORLD_SIZE / LOCAL_RANK of torchrun; one process without them
     with world.joined(device):            # gloo on the CPU, NCCL on CUDA; torn down at the end
         share = rank_share(global_batch, world.rank, world.size)
-        stop = world.any_flag(stop_requested)
+        loss, stops = world.sum([my_loss_part, my_stop_flag])   # every rank gets the same sums
 
 Invariants the callers rely on:
   - One process (no torchrun) is `World()` and every collective here is then a no-op, so the single-process path
@@ -89,14 +89,6 @@ class World:
     def barrier(self) -> None:
         if self.active:
             torch.distributed.barrier()
-
-    def any_flag(self, value: int, device: torch.device | None = None) -> int:
-        """The largest of every rank's value (a stop request, a signal number): all ranks learn the same answer."""
-        if not self.active:
-            return value
-        t = torch.tensor([value], dtype=torch.long, device=_collective_device(device))
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        return int(t.item())
 
     def sum(self, values: list[float], device: torch.device | None = None) -> list[float]:
         """Element-wise sum over the ranks (float64 on the wire, so summed logs do not lose digits)."""
