@@ -4,7 +4,8 @@
         [--resume] [--checkpoint-every K]
 
 Every rank trains with eagle_trt.convert.train.train_head under its World; rank 0 writes OUT (the history and the
-head's tensors, safetensors) when training ends, and each rank appends its pid to OUT.pids when it starts.
+head's tensors, safetensors) when training ends, and each rank appends its pid to OUT.pids when it starts; a rank
+stopped by a signal (its own or another rank's) writes OUT.stopped-RANK: the step it stopped after and its exit code.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def main() -> int:
         try:
             result = train_head(model, cache, cfg, a.ckpt, resume=a.resume, progress=False, world=world)
         except TrainingInterrupted as e:
+            with open(f"{a.out}.stopped-{world.rank}", "w") as f:
+                json.dump({"step": e.step, "exit_code": e.exit_code}, f)
             return e.exit_code
     if world.is_main:
         head = {k: v.detach().contiguous() for k, v in model.eagle_module.state_dict().items()}

@@ -216,7 +216,11 @@ def test_sigterm_on_one_rank_saves_and_one_rank_resumes(tiny_model_dir, cache, o
     _, meta = read_checkpoint(ckpt)
     stopped = meta["step"]
     assert 2 <= stopped < STEPS and meta["extra"]["world_size"] == 2 and len(meta["history"]) == stopped
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.safetensors", "head.safetensors.pids"]  # no temp file
+    # Rank 0 got no signal: it learnt of rank 1's, stopped after the same step and saved that step.
+    said = [json.loads((tmp_path / f"head.safetensors.stopped-{r}").read_text()) for r in (0, 1)]
+    assert said == [{"step": stopped, "exit_code": 143}] * 2, (said, stopped)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # no temp file
+        "c.safetensors", "head.safetensors.pids", "head.safetensors.stopped-0", "head.safetensors.stopped-1"]
 
     model = fresh_model(tiny_model_dir, cache)
     result = train_head(model, cache, cfg(), ckpt, resume=True, progress=False)
