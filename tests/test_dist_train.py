@@ -35,7 +35,10 @@ from eagle_trt.convert.train_ddp import StepShare
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "dist_train_worker.py"
 WORDS = "the cat sat on a mat and then ran to the big red house where a dog slept all day".split()
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+# A collective that waits on a rank which never comes fails after EAGLE_TRT_DIST_TIMEOUT_S: a broken stop protocol
+# fails the test instead of leaving processes behind.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "EAGLE_TRT_DIST_TIMEOUT_S": "90",
+       "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "20",
        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 STEPS = 40
 
@@ -101,6 +104,31 @@ def torchrun(*args) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
                              "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(WORKER),
                              *map(str, args)], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+    """Until `path` exists (training is under way); the test fails if the process exits first or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            out, err = finish(proc, 1) if proc.poll() is None else proc.communicate()
+            pytest.fail(f"{path.name} never appeared (exit {proc.returncode}): {(err or out or '')[-3000:]}")
+        time.sleep(0.01)
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """The process's output once it exits; past the timeout it is stopped (SIGTERM: the launcher passes it on to its
+    workers and kills them after its shutdown timeout), then the test fails."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        raise
 
 
 def read_head(path: Path) -> tuple[list[dict], dict[str, torch.Tensor]]:
@@ -188,7 +216,7 @@ def test_weighted_shares_average_to_the_global_gradient(tiny_model_dir, cache):
 def test_two_ranks_give_one_ranks_curve_and_head(tiny_model_dir, cache, one_rank, tmp_path):
     out = tmp_path / "head.safetensors"
     proc = torchrun(tiny_model_dir, cache.dir, "k", tmp_path / "c.safetensors", out, STEPS)
-    log, _ = proc.communicate(timeout=300)
+    log, _ = finish(proc, 300)
     assert proc.returncode == 0, log[-3000:]
     assert_same_run(*read_head(out), *one_rank)
     _, meta = read_checkpoint(tmp_path / "c.safetensors")
@@ -201,14 +229,10 @@ def test_sigterm_on_one_rank_saves_and_one_rank_resumes(tiny_model_dir, cache, o
     global step and ends where the uninterrupted run ends."""
     ckpt, out = tmp_path / "c.safetensors", tmp_path / "head.safetensors"
     proc = torchrun(tiny_model_dir, cache.dir, "k", ckpt, out, STEPS, "--checkpoint-every", 2)
-    deadline = time.monotonic() + 240
-    while not ckpt.exists():
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_for(ckpt, proc)
     pids = dict(line.split() for line in Path(f"{out}.pids").read_text().splitlines())
     os.kill(int(pids["1"]), signal.SIGTERM)
-    log, _ = proc.communicate(timeout=240)
+    log, _ = finish(proc, 240)
     assert proc.returncode != 0 and not out.exists(), log[-3000:]  # interrupted: the worker wrote no final head
     for pid in pids.values():  # every rank has exited
         with pytest.raises(ProcessLookupError):
@@ -268,13 +292,9 @@ def test_sigterm_to_convert_nproc_saves_and_resume_goes_on_with_one_process(tiny
     proc = subprocess.Popen([*cmd, "--nproc", "2"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     ckpt = work / "checkpoint.safetensors"
-    deadline = time.monotonic() + 240
-    while not ckpt.exists():
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_for(ckpt, proc)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=240)
+    _, err = finish(proc, 240)
     assert proc.returncode == 143, err[-3000:]
     said = [line for line in err.splitlines() if line.startswith("Terminated: training interrupted")]
     assert len(said) == 1 and "Traceback" not in err, err[-3000:]
