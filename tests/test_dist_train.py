@@ -325,6 +325,8 @@ def test_nproc_refused_where_it_cannot_work(tiny_model_dir, chats, tmp_path):
     try:
         with pytest.raises(InputError, match="only to train a head"):
             convert_model(tiny_model_dir, tmp_path / "x", steps=0, progress=False)
+        with pytest.raises(InputError, match="only to train a head"):
+            convert_model(tiny_model_dir, tmp_path / "x", draft_model=tiny_model_dir, progress=False)
         with pytest.raises(InputError, match="--batch-size 1 is the global batch"):
             convert_model(tiny_model_dir, tmp_path / "x", steps=3, data=[chats], batch_size=1, progress=False)
     finally:

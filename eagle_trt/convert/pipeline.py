@@ -167,6 +167,7 @@ def convert_model(
     everything written is on the CPU (see `device.py`). `draft_model`: draft with that small LM instead of a head
     (`draft_model.py`)."""
     if draft_model is not None:
+        _world(False, batch_size)  # nothing to train: one process only
         return convert_with_draft_model(model_path, draft_model, output_dir, overwrite, progress, dict(
             steps=steps, epochs=epochs, data=data, head=head, draft_vocab_size=draft_vocab_size), max_shard_size)
     train, cfg, head, max_shard_bytes = _check_options(
