@@ -1,7 +1,8 @@
-"""One rank of a head training run on an existing feature cache, as torchrun starts it (tests/test_dist_train.py).
+"""One rank of a head training run on an existing feature cache, started as `convert --nproc` starts its ranks
+(eagle_trt.convert.launch.run_ranks, from tests/test_dist_train.py):
 
-    python -m torch.distributed.run --nproc-per-node 2 ... tests/dist_train_worker.py MODEL CACHE KEY CKPT OUT STEPS
-        [--resume] [--checkpoint-every K]
+    run_ranks(2, [sys.executable, "tests/dist_train_worker.py", MODEL, CACHE, KEY, CKPT, OUT, STEPS, *OPTIONS])
+    # OPTIONS: --resume, --checkpoint-every K, --batch-size B
 
 Every rank trains with eagle_trt.convert.train.train_head under its World; rank 0 writes OUT (the history and the
 head's tensors, safetensors) when training ends, and each rank appends its pid to OUT.pids when it starts; a rank

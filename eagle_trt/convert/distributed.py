@@ -71,7 +71,8 @@ class World:
 
     @contextlib.contextmanager
     def joined(self, device: torch.device):
-        """The default process group for this world (gloo on the CPU, NCCL on CUDA), destroyed on the way out."""
+        """The default process group for this world (gloo on the CPU, NCCL on CUDA), destroyed on the way out; joined
+        through the file EAGLE_TRT_DIST_STORE names where it is set (`convert --nproc`), else torchrun's env://."""
         if not self.active or torch.distributed.is_initialized():
             yield self
             return
@@ -79,8 +80,12 @@ class World:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         timeout = datetime.timedelta(seconds=float(os.environ.get("EAGLE_TRT_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
-        torch.distributed.init_process_group(backend, rank=self.rank, world_size=self.size, timeout=timeout,
-                                             device_id=device if device.type == "cuda" else None)
+        # `convert --nproc` names a file the ranks of one machine meet through (torch's FileStore: no TCP listener);
+        # torchrun's env:// otherwise, its store on the rendezvous host the user chose.
+        store = os.environ.get("EAGLE_TRT_DIST_STORE")
+        init = f"file://{os.path.abspath(store)}" if store else None
+        torch.distributed.init_process_group(backend, init_method=init, rank=self.rank, world_size=self.size,
+                                             timeout=timeout, device_id=device if device.type == "cuda" else None)
         try:
             yield self
         finally:

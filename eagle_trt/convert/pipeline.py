@@ -23,8 +23,8 @@ outside the staged output: `work_dir`, by default `.<OUT name>.train` next to OU
 successful run (an explicit work_dir is kept). Ctrl-C saves a checkpoint there; `resume=True`
 continues from it.
 
-Under torchrun (`torchrun --nproc-per-node N -m eagle_trt convert ...`, or `convert --nproc N`, which starts that
-launcher itself) every rank runs the training stages together (see `distributed.py`, `train.py`); rank 0 alone
+Under torchrun (`torchrun --nproc-per-node N -m eagle_trt convert ...`, or `convert --nproc N`, which starts the N
+ranks itself, see `launch.py`) every rank runs the training stages together (see `distributed.py`, `train.py`); rank 0 alone
 writes OUT and validates the head. docs/training.md has the multi-node command.
 """
 
