@@ -1,6 +1,7 @@
 """Head training on torch.distributed (gloo, 2 ranks of 1 thread each): the same global batch gives one process's loss
 curve and head, a SIGTERM on one rank stops every rank with a checkpoint that a single process resumes, and
-`convert --nproc 2` writes the checkpoint one process writes; every process of a 2-rank run listens on the loopback alone.
+`convert --nproc 2` writes the checkpoint one process writes; every process of a 2-rank run listens on the loopback
+alone.
 
 Tolerances: the loss curves of 1 and 2 ranks agree to 1e-4 relative per step and the heads to 1e-4 absolute (they
 differ only in float summation order: the split batch is reweighted to the global token mean, see train_ddp.py);
