@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -69,6 +70,10 @@ def convert(
         help="Where regeneration, feature caching and training run: auto (a CUDA GPU if torch sees one), cpu, "
              "cuda or cuda:N. The checkpoint, its validation and KV calibration are always on the CPU.")] = "auto",
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it already exists.")] = False,
+    nproc: Annotated[int, typer.Option(
+        "--nproc", help="Train with N processes on this machine (torch.distributed: gloo on the CPU, NCCL on GPUs, "
+                        "one GPU each), launched here on 127.0.0.1; --batch-size stays the global batch. Under "
+                        "torchrun leave it at 1. See docs/training.md.")] = 1,
     max_shard_size: MaxShardOpt = DEFAULT_SHARD_SIZE,
     json_out: JsonOpt = False,
 ) -> None:
@@ -88,6 +93,8 @@ def convert(
 
       eagle-trt convert big.gguf --draft-model small.gguf --output ckpt   # a small LM of the same family drafts
     """
+    if nproc != 1:
+        raise typer.Exit(handle_errors(_launch)(nproc, steps > 0 or epochs is not None))
     handle_errors(_convert)(model, output, dict(
         steps=steps, epochs=epochs, data=data or None, draft_vocab_size=draft_vocab_size, seq_len=seq_len,
         batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, ttt_steps=ttt_steps, regenerate=regenerate,
@@ -100,13 +107,31 @@ def convert(
             retries=regenerate_retries, api_key=regenerate_api_key))
 
 
+def _launch(nproc: int, train: bool) -> int:
+    import sys
+
+    from eagle_trt.convert.launch import convert_args_without_nproc, launch_local
+    from eagle_trt.errors import InputError
+
+    if not train:
+        raise InputError(f"--nproc {nproc} trains a head on {nproc} processes: add --steps N or --epochs N with --data")
+    return launch_local(nproc, convert_args_without_nproc(sys.argv))
+
+
 def _convert(model, output, options: dict, json_out, endpoint: dict | None = None) -> None:
     from eagle_trt.convert import convert_model
     from eagle_trt.convert.regen_endpoint import EndpointOptions
 
     if endpoint is not None:
         options["regenerate_endpoint"] = EndpointOptions.parse(endpoint.pop("spec"), **endpoint)
-    result = convert_model(model, output, progress=not json_out, **options)
+    try:
+        result = convert_model(model, output, progress=not json_out, **options)
+    except KeyboardInterrupt as e:
+        if os.environ.get("RANK", "0") != "0":  # a helper rank stops with rank 0, which says why and where
+            raise typer.Exit(getattr(e, "exit_code", 130)) from None
+        raise
+    if "rank" in result.summary:  # a helper rank of a distributed run: rank 0 reports
+        return
     if json_out:
         print_json(result.summary)
     else:

@@ -10,7 +10,8 @@ layers), the layout on disk and its validity check, and reading padded batches b
 
 Cache layout (CACHE = the work dir's `cache/`):
     CACHE/shard-00000.safetensors   input_ids [N] int32, aux [N, n_aux*H], hidden [N, H] (bfloat16 by
-                                     default), offsets [S+1] int64: sequence j is rows offsets[j]:offsets[j+1]
+                                     default), offsets [S+1] int64: sequence j is rows offsets[j]:offsets[j+1];
+                                     shard-r<rank>-00000... when several ranks wrote it (rank order = sequence order)
     CACHE/counts.safetensors        predicted [V], seen [V] int64: target argmax / data token counts
     CACHE/meta.json                 written last; the cache is valid only if it exists and its key matches
 """
@@ -27,6 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .data import _progress
+from .distributed import World, rank_span
 
 CACHE_FORMAT = "eagle-trt-feature-cache/1"
 SHARD_TOKENS = 1 << 16
@@ -109,12 +111,60 @@ def _write_atomic_json(path: Path, data: dict) -> None:
 
 def build_feature_cache(model, sequences: list[list[int]], aux_layer_ids: list[int], cache_dir: str | Path,
                         key: str, batch_size: int = 4, dtype: torch.dtype = torch.bfloat16,
-                        progress: bool = True) -> FeatureCache:
-    """Run the plain HF target once over `sequences` and write the cache (see the module doc)."""
+                        progress: bool = True, world: World = World()) -> FeatureCache:
+    """Run the plain HF target once over `sequences` and write the cache (see the module doc).
+
+    Under torchrun every rank calls this with the same sequences: the length-sorted order is cut into one
+    contiguous span per rank (about equal tokens each), every rank writes its own shards and counts, and rank 0
+    joins them (counts summed, meta.json listing the shards in rank order: the same sequence order as one process
+    writes) once all have finished; meta.json, written last and atomically, is what makes the cache valid."""
     cache_dir = Path(cache_dir)
-    if cache_dir.exists():
-        shutil.rmtree(cache_dir)
-    cache_dir.mkdir(parents=True)
+    if world.is_main:
+        if cache_dir.exists():
+            shutil.rmtree(cache_dir)
+        cache_dir.mkdir(parents=True)
+    world.barrier()
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))  # little padding per batch
+    start, end = rank_span([len(sequences[i]) for i in order], world.rank, world.size)
+    prefix = f"shard-r{world.rank:03d}-" if world.active else "shard-"
+    mine = [sequences[i] for i in order[start:end]]
+    shards, predicted, seen = _run_target(model, mine, aux_layer_ids, cache_dir, prefix, batch_size, dtype, progress)
+    if world.active:
+        save_file({"predicted": predicted, "seen": seen}, str(cache_dir / f".part-r{world.rank:03d}.safetensors"),
+                  metadata={"shards": json.dumps(shards)})
+    world.barrier()
+    if world.is_main:
+        if world.active:
+            shards, predicted, seen = _join_parts(cache_dir, world.size)
+        save_file({"predicted": predicted, "seen": seen}, str(cache_dir / "counts.safetensors"))
+        _write_atomic_json(cache_dir / "meta.json", {
+            "format": CACHE_FORMAT, "key": key, "shards": shards, "sequences": len(sequences),
+            "tokens": int(seen.sum()), "aux_layer_ids": sorted(aux_layer_ids),
+            "dtype": str(dtype).replace("torch.", ""), "hidden_size": model.config.hidden_size,
+            "vocab_size": model.config.vocab_size,
+        })
+    world.barrier()
+    return FeatureCache(cache_dir)
+
+
+def _join_parts(cache_dir: Path, size: int) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+    """The ranks' shard lists in rank order and their counts summed; the part files removed."""
+    shards: list[str] = []
+    predicted = seen = None
+    for r in range(size):
+        part = cache_dir / f".part-r{r:03d}.safetensors"
+        with safe_open(str(part), framework="pt") as f:
+            shards += json.loads(f.metadata()["shards"])
+            p, s = f.get_tensor("predicted"), f.get_tensor("seen")
+        predicted, seen = (p, s) if predicted is None else (predicted + p, seen + s)
+        part.unlink()
+    return shards, predicted, seen
+
+
+def _run_target(model, sequences: list[list[int]], aux_layer_ids: list[int], cache_dir: Path, prefix: str,
+                batch_size: int, dtype: torch.dtype, progress: bool) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+    """The target over `sequences` in their order, batch by batch, the features written as shards named
+    prefix + index. Returns (shard names, target-argmax counts, data token counts)."""
     base = model.model
     device = next(model.parameters()).device
     vocab = model.config.vocab_size
@@ -126,45 +176,37 @@ def build_feature_cache(model, sequences: list[list[int]], aux_layer_ids: list[i
     seen = torch.zeros(vocab, dtype=torch.long)
     shards: list[str] = []
     pending: list[dict[str, torch.Tensor]] = []
-
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))  # little padding per batch
     was_training = model.training
     model.eval()
     try:
         with _progress(progress, "Caching target features", len(sequences)) as (bar, task), torch.inference_mode():
             pending_tokens = 0
-            for b in range(0, len(order), batch_size):
-                idx = order[b:b + batch_size]
-                ids, mask = _padded([sequences[i] for i in idx])
+            for b in range(0, len(sequences), batch_size):
+                seqs = sequences[b:b + batch_size]
+                ids, mask = _padded(seqs)
                 caught.clear()
                 hidden = base(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state  # post norm
                 aux = torch.cat([caught[i] for i in sorted(aux_layer_ids)], dim=-1).to(dtype).cpu()
-                preds = [model.lm_head(hidden[r, :len(sequences[i])]).argmax(-1).cpu() for r, i in enumerate(idx)]
+                preds = [model.lm_head(hidden[r, :len(q)]).argmax(-1).cpu() for r, q in enumerate(seqs)]
                 hidden = hidden.to(dtype).cpu()
-                for r, i in enumerate(idx):
-                    n = len(sequences[i])
+                for r, q in enumerate(seqs):
+                    n = len(q)
                     predicted += torch.bincount(preds[r], minlength=vocab)[:vocab]
                     seen += torch.bincount(ids[r, :n], minlength=vocab)[:vocab]
                     pending.append({"input_ids": ids[r, :n].clone(), "aux": aux[r, :n].clone(),
                                     "hidden": hidden[r, :n].clone()})
                     pending_tokens += n
                 if pending_tokens >= SHARD_TOKENS:
-                    _write_shard(cache_dir, pending, shards)
+                    _write_shard(cache_dir, pending, shards, prefix)
                     pending_tokens = 0
                 if bar is not None:
-                    bar.advance(task, len(idx))
-        _write_shard(cache_dir, pending, shards)
+                    bar.advance(task, len(seqs))
+        _write_shard(cache_dir, pending, shards, prefix)
     finally:
         for h in hooks:
             h.remove()
         model.train(was_training)
-    save_file({"predicted": predicted, "seen": seen}, str(cache_dir / "counts.safetensors"))
-    _write_atomic_json(cache_dir / "meta.json", {
-        "format": CACHE_FORMAT, "key": key, "shards": shards, "sequences": len(sequences),
-        "tokens": int(seen.sum()), "aux_layer_ids": sorted(aux_layer_ids), "dtype": str(dtype).replace("torch.", ""),
-        "hidden_size": model.config.hidden_size, "vocab_size": vocab,
-    })
-    return FeatureCache(cache_dir)
+    return shards, predicted, seen
 
 
 def _padded(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,14 +219,14 @@ def _padded(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def _write_shard(cache_dir: Path, pending: list[dict[str, torch.Tensor]], shards: list[str]) -> None:
+def _write_shard(cache_dir: Path, pending: list[dict[str, torch.Tensor]], shards: list[str], prefix: str) -> None:
     """The pending sequences as the next shard (concatenated, with their offsets); appends its name, empties
     pending."""
     if not pending:
         return
     lengths = [p["input_ids"].shape[0] for p in pending]
     offsets = torch.tensor([0] + lengths).cumsum(0)
-    name = f"shard-{len(shards):05d}.safetensors"
+    name = f"{prefix}{len(shards):05d}.safetensors"
     save_file({
         "input_ids": torch.cat([p["input_ids"] for p in pending]).to(torch.int32),
         "aux": torch.cat([p["aux"] for p in pending]).contiguous(),

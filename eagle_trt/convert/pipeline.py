@@ -22,6 +22,10 @@ Resumable state (the dataset, the feature cache and the training checkpoint) liv
 outside the staged output: `work_dir`, by default `.<OUT name>.train` next to OUT, deleted after a
 successful run (an explicit work_dir is kept). Ctrl-C saves a checkpoint there; `resume=True`
 continues from it.
+
+Under torchrun (`torchrun --nproc-per-node N -m eagle_trt convert ...`, or `convert --nproc N`, which starts the N
+ranks itself, see `launch.py`) every rank runs the training stages together (see `distributed.py`, `train.py`); rank 0 alone
+writes OUT and validates the head. docs/training.md has the multi-node command.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from .attach import import_modelopt
 from .calibrate import calibrate_kv_scales, fp8_agreement, load_models
 from .data import check_specs
 from .device import resolve_device
+from .distributed import World
 from .draft_model import convert_with_draft_model
 from .export import check_output_dir, staged_output, write_manifest, write_target
 from .head_training import attach_and_train
@@ -170,6 +175,7 @@ def convert_model(
         raise InputError("--regenerate-endpoint is where --regenerate gets the answers for training a head: add "
                          "--regenerate and --steps N or --epochs N (and no --draft-model)")
     if draft_model is not None:
+        _world(False, batch_size)  # nothing to train: one process only
         return convert_with_draft_model(model_path, draft_model, output_dir, overwrite, progress, dict(
             steps=steps, epochs=epochs, data=data, head=head, draft_vocab_size=draft_vocab_size), max_shard_size)
     train, cfg, head, max_shard_bytes = _check_options(
@@ -177,8 +183,11 @@ def convert_model(
         max_shard_size=max_shard_size, train_options=dict(batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
                                                            ttt_steps=ttt_steps, checkpoint_every=checkpoint_every,
                                                            seed=seed))
+    world = _world(train, batch_size)
     run_on, out, work = _prepare(model_path, output_dir, overwrite, head, train, device, work_dir)
     served = connect(regenerate_endpoint, model_path) if regenerate_endpoint is not None else None
+    run_on = world.device(run_on) if train else run_on
+    progress = progress and world.is_main
     stages = Stages(progress)
 
     with stages.stage("load", f"Loading {model_path}"):
@@ -187,6 +196,14 @@ def convert_model(
     if draft_vocab_size is not None and draft_vocab_size > vocab:  # before the data, the features, the work dir
         raise InputError(f"--draft-vocab-size {draft_vocab_size} exceeds the target's vocabulary ({vocab}); give at "
                          f"most {vocab}, or leave it out for the full vocabulary")
+    train_options = None if not train else dict(
+        cfg=cfg, data=data, run_on=run_on, seq_len=seq_len, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
+        ttt_steps=ttt_steps, seed=seed, regenerate=regenerate, max_new_tokens=max_new_tokens, val_prompts=val_prompts,
+        resume=resume, progress=progress, on_step=on_step, world=world, endpoint=served)
+    if not world.is_main:  # a helper rank trains with the others; rank 0 alone writes OUT
+        attach_and_train(model, tokenizer, info, None, stages, work, train_options, draft_vocab_size,
+                         _eos_ids(model, tokenizer))
+        return ConvertResult(out, out / "target", out / "draft", {"rank": world.rank, "world_size": world.size})
     report = None
     with staged_output(out, overwrite) as stage:
         with stages.stage("export_target", "Writing target model"):
@@ -199,11 +216,8 @@ def convert_model(
             manifest = _ship_head(stage, tokenizer, info, Path(head), stages, calibrate_kv)
         else:
             eos = _eos_ids(model, tokenizer)
-            trained = attach_and_train(model, tokenizer, info, stage, stages, work, None if not train else dict(
-                cfg=cfg, data=data, run_on=run_on, seq_len=seq_len, batch_size=batch_size, lr=lr,
-                warmup_steps=warmup_steps, ttt_steps=ttt_steps, seed=seed, regenerate=regenerate,
-                max_new_tokens=max_new_tokens, val_prompts=val_prompts, resume=resume, progress=progress,
-                on_step=on_step, endpoint=served), draft_vocab_size, eos)
+            trained = attach_and_train(model, tokenizer, info, stage, stages, work, train_options,
+                                       draft_vocab_size, eos)
             del model
             gc.collect()
             manifest, report = _check_head(stage, tokenizer, stages, _draft_manifest(info, steps, *trained),
@@ -217,6 +231,18 @@ def convert_model(
     if report is not None:
         summary["validation"] = report["validation"]
     return ConvertResult(out, out / "target", out / "draft", summary)
+
+
+def _world(train: bool, batch_size: int) -> World:
+    """This process's place under torchrun (a world of one without it), checked against the options."""
+    world = World.from_env()
+    if world.active and not train:
+        raise InputError(f"convert runs on {world.size} processes (torchrun / --nproc) only to train a head: add "
+                         "--steps N or --epochs N with --data, or run it as one process")
+    if world.size > batch_size:
+        raise InputError(f"--batch-size {batch_size} is the global batch and is smaller than the {world.size} ranks; "
+                         f"give at least --batch-size {world.size}")
+    return world
 
 
 def _prepare(model_path, output_dir, overwrite: bool, head: Path | None, train: bool, device: str | None,

@@ -12,6 +12,10 @@ EAGLE-3 training-time-test loop (`eagle_ttt_steps` unrolled draft steps, each at
 earlier predictions) with a soft cross-entropy against the target's distribution restricted to
 the draft vocab, decayed by 0.9 per step, and top-1 accuracy against the target's argmax.
 
+Under torchrun every rank runs `train_head` with its `World` (`distributed.py`): each global batch is split over
+the ranks and the head wrapped in DDP (`train_ddp.py`), rank 0 alone writes the checkpoint, and a stop asked on any
+rank stops them all after the same step. One process runs the same loop with no collective.
+
 This module owns the training loop: `TrainConfig` (schedule and validation), the seeded batch order,
 Ctrl-C handling, `train_head` and its `TrainResult` summary. The feature cache (layout, build, read)
 lives in `feature_cache.py`; the atomic resumable checkpoint in `train_checkpoint.py`. Their public
@@ -37,10 +41,12 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, 
 from eagle_trt.errors import InputError
 from eagle_trt.staging import Terminated
 
+from .distributed import World
 from .feature_cache import (CACHE_FORMAT, SHARD_TOKENS, FeatureCache, build_feature_cache,  # noqa: F401
                             load_feature_cache)
 from .train_checkpoint import (CHECKPOINT_FORMAT, _trainable, load_checkpoint, read_checkpoint,  # noqa: F401
                                save_checkpoint)
+from .train_ddp import StepShare, wrap_ddp
 
 
 # ---- training --------------------------------------------------------------------------------------
@@ -175,17 +181,20 @@ def _train_bar(enabled: bool):
 
 def train_head(model, cache: FeatureCache, cfg: TrainConfig, checkpoint_path: str | Path, resume: bool = False,
                progress: bool = True, on_step: Callable[[dict], None] | None = None,
-               run_config: dict | None = None) -> TrainResult:
+               run_config: dict | None = None, world: World = World()) -> TrainResult:
     """Train model.eagle_module on the cache; returns the history. See the module doc.
 
     `on_step(info)` runs after every optimizer step (info: step, loss, acc, lr); a KeyboardInterrupt
     raised there counts as Ctrl-C: the finished step is checkpointed, then TrainingInterrupted is raised.
-    `run_config` (JSON-able) is stored in the checkpoint and must match on resume."""
+    `run_config` (JSON-able) is stored in the checkpoint and must match on resume.
+
+    Under torchrun (`world` of several ranks) every rank runs this with the same cache and config: each step's
+    global batch of cfg.batch_size sequences is split over the ranks (`train_ddp.py`), the gradients are averaged
+    by DDP, and rank 0 alone writes the checkpoint. A stop asked on any rank stops all of them after the same step."""
     cfg.validate()
     checkpoint_path = Path(checkpoint_path)
     n = len(cache)
     total = cfg.total_steps(n)
-    spe = cfg.steps_per_epoch(n)
     config = {"cache_key": cache.key, "batch_size": cfg.batch_size, "ttt_steps": cfg.ttt_steps, "seed": cfg.seed,
               **(run_config or {})}
 
@@ -194,58 +203,94 @@ def train_head(model, cache: FeatureCache, cfg: TrainConfig, checkpoint_path: st
     device = params[0].device  # the caller placed the model; batches follow it
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     step, history = _resumed(checkpoint_path, model, optimizer, config) if resume else (0, [])
-    resumed_from = step
-
-    console = None
+    result = TrainResult(step, total, history, step)
+    # Built after the resume: DDP's start broadcasts rank 0's head (the same bytes, read from the same checkpoint).
+    ddp = wrap_ddp(model, world, device)
     bar = _train_bar(progress)
-    if bar is not None:
-        console = bar.console
-    result = TrainResult(step, total, history, resumed_from)
-    model.train()
-    last_width = None
-    t0 = time.perf_counter()
-    ema_loss = ema_acc = None
+    loop = _Loop(model, ddp, cache, cfg, optimizer, params, world, total)
 
     def checkpoint():
-        save_checkpoint(checkpoint_path, model, optimizer, step, config, history)
+        if world.is_main:
+            save_checkpoint(checkpoint_path, model, optimizer, result.steps, config, history,
+                            extra={"samples_seen": samples_seen(n, cfg.batch_size, result.steps),
+                                   "world_size": world.size})
 
+    model.train()
+    t0 = time.perf_counter()
     try:
-        with _StopRequest(console) as stop, (bar if bar is not None else _Null()):
+        with _StopRequest(bar.console if bar is not None else None) as stop, (bar if bar is not None else _Null()):
             task = bar.add_task("train", total=total, completed=step, loss=float("nan"), acc=0.0) if bar else None
-            while step < total:
-                epoch, pos = divmod(step, spe)
-                idx = batch_order(n, cfg.batch_size, cfg.seed, epoch)[pos]
-                batch = cache.batch(idx, device=device)
-                if batch["input_ids"].shape[1] != last_width:
-                    # modelopt caches the TTT attention masks per step index, built for one length.
-                    model._cached_attn_blk_masks = {}
-                    last_width = batch["input_ids"].shape[1]
-                lr = cfg.lr_at(step, total)
-                loss, acc = _optimizer_step(model, batch, optimizer, params, cfg.grad_clip, lr, step)
-                step += 1
-                record = {"step": step, "loss": loss, "acc": acc, "lr": lr}
+            while result.steps < total:
+                record, signum = loop.step(result.steps, stop)
                 history.append(record)
-                result.steps = step
-                ema_loss = record["loss"] if ema_loss is None else 0.9 * ema_loss + 0.1 * record["loss"]
-                ema_acc = acc[0] if ema_acc is None else 0.9 * ema_acc + 0.1 * acc[0]
+                result.steps = record["step"]
                 if bar is not None:
-                    bar.update(task, completed=step, loss=ema_loss, acc=ema_acc)
+                    bar.update(task, completed=result.steps, **loop.ema(record))
                 if on_step is not None:
                     try:
                         on_step(dict(record))
                     except KeyboardInterrupt:
                         stop.requested = True
-                if stop.requested:
+                # Across ranks only the reduced answer decides (a request that came after it is seen next step), so
+                # every rank stops after the same step; one process stops at once.
+                if signum or (stop.requested and not world.active):
                     checkpoint()
+                    world.barrier()  # no rank exits (and makes torchrun stop the others) before rank 0 has saved
                     result.interrupted = True
-                    raise TrainingInterrupted(step, checkpoint_path, stop.signum)
-                if step % cfg.checkpoint_every == 0 or step == total:
+                    raise TrainingInterrupted(result.steps, checkpoint_path, signum or stop.signum)
+                if result.steps % cfg.checkpoint_every == 0 or result.steps == total:
                     checkpoint()
     finally:
         result.seconds = time.perf_counter() - t0
         model.eval()
         model._cached_attn_blk_masks = {}
     return result
+
+
+def samples_seen(n: int, batch_size: int, step: int) -> int:
+    """Sequences trained on after `step` global steps (the epoch's last batch may be short)."""
+    per_epoch = math.ceil(n / batch_size)
+    epochs, pos = divmod(step, per_epoch)
+    return epochs * n + min(pos * batch_size, n)
+
+
+class _Loop:
+    """The steps of train_head: the global batch of a step (a function of the step alone), this rank's share, the
+    optimizer step, and the figures every rank agrees on."""
+
+    def __init__(self, model, ddp, cache, cfg: TrainConfig, optimizer, params, world: World, total: int):
+        self.model, self.ddp, self.cache, self.cfg = model, ddp, cache, cfg
+        self.optimizer, self.params, self.world, self.total = optimizer, params, world, total
+        self.device = params[0].device
+        self.spe = cfg.steps_per_epoch(len(cache))
+        self.last_width = None
+        self._ema = None
+
+    def step(self, step: int, stop: "_StopRequest") -> tuple[dict, int]:
+        """Run global step `step` (0-based); (its record, the signal that asks every rank to stop, or 0)."""
+        epoch, pos = divmod(step, self.spe)
+        share = StepShare.of(batch_order(len(self.cache), self.cfg.batch_size, self.cfg.seed, epoch)[pos],
+                             self.cache.length, self.world, self.cfg.ttt_steps)
+        batch = self.cache.batch(share.indices, device=self.device)
+        if batch["input_ids"].shape[1] != self.last_width:
+            # modelopt caches the TTT attention masks per step index, built for one length.
+            self.model._cached_attn_blk_masks = {}
+            self.last_width = batch["input_ids"].shape[1]
+        lr = self.cfg.lr_at(step, self.total)
+        with share.weighting(self.model):
+            loss, acc = _optimizer_step(self.ddp, batch, self.optimizer, self.params, self.cfg.grad_clip, lr, step)
+        asked = stop.requested
+        flags = [int(asked and stop.signum == signal.SIGTERM), int(asked and stop.signum != signal.SIGTERM)]
+        loss, acc, (terms, ints) = share.reduce(loss, acc, flags)
+        signum = signal.SIGTERM if terms else signal.SIGINT if ints else 0
+        record = {"step": step + 1, "loss": round(loss, 5), "acc": [round(a, 4) for a in acc], "lr": lr}
+        return record, signum
+
+    def ema(self, record: dict) -> dict:
+        prev = self._ema
+        self._ema = {"loss": record["loss"], "acc": record["acc"][0]} if prev is None else {
+            "loss": 0.9 * prev["loss"] + 0.1 * record["loss"], "acc": 0.9 * prev["acc"] + 0.1 * record["acc"][0]}
+        return self._ema
 
 
 def _offline_mode(model, cfg: TrainConfig) -> None:
@@ -287,7 +332,7 @@ def _optimizer_step(model, batch: dict, optimizer, params: list, grad_clip: floa
     torch.nn.utils.clip_grad_norm_(params, grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return round(loss.item(), 5), [round(float(a), 4) for a in out.train_acc[0]]
+    return loss.item(), [float(a) for a in out.train_acc[0]]
 
 
 class _Null:
@@ -305,4 +350,4 @@ def run_config_dict(**kw) -> dict:
 
 __all__ = ["FeatureCache", "TrainConfig", "TrainResult", "TrainingInterrupted", "build_feature_cache",
            "load_feature_cache", "train_head", "save_checkpoint", "load_checkpoint", "read_checkpoint",
-           "batch_order"]
+           "batch_order", "samples_seen"]

@@ -5,7 +5,11 @@ or Ctrl-C mid-save leaves the previous checkpoint intact:
     head.<name>              eagle_module state (weights + d2t)
     optim.<i>.<state>        AdamW state of trainable parameter i (exp_avg, exp_avg_sq, step)
     rng.torch                torch CPU generator state
-    metadata: format, step, config (JSON), params (names, in optimizer order), param_groups, history
+    metadata: format, step (global), config (JSON), params (names, in optimizer order), param_groups, history,
+              extra (samples seen, the world size that wrote it)
+
+Under torch.distributed every rank holds the same head and optimizer state (DDP averages the gradients before each
+step), so rank 0 alone writes it and any world size can resume from it.
 """
 
 from __future__ import annotations
@@ -27,8 +31,11 @@ def _trainable(model) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in model.eagle_module.named_parameters() if p.requires_grad]
 
 
-def save_checkpoint(path: str | Path, model, optimizer, step: int, config: dict, history: list[dict]) -> Path:
-    """Write the checkpoint atomically: a crash or Ctrl-C leaves the previous one intact."""
+def save_checkpoint(path: str | Path, model, optimizer, step: int, config: dict, history: list[dict],
+                    extra: dict | None = None) -> Path:
+    """Write the checkpoint atomically: a crash or Ctrl-C leaves the previous one intact. `step` is the global step
+    (optimizer steps over global batches), the only position a resume needs, whatever world size wrote it; `extra`
+    (JSON-able: samples seen, the world size that wrote it) is informational."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {f"head.{k}": v.detach().contiguous().clone() for k, v in model.eagle_module.state_dict().items()}
@@ -44,6 +51,7 @@ def save_checkpoint(path: str | Path, model, optimizer, step: int, config: dict,
         "params": json.dumps([n for n, _ in _trainable(model)]),
         "param_groups": json.dumps(sd["param_groups"]),
         "history": json.dumps(history),
+        "extra": json.dumps(extra or {}),
     }
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -73,6 +81,7 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     meta = {"step": int(raw["step"])}
     for k in ("config", "params", "param_groups", "history"):
         meta[k] = json.loads(raw[k])
+    meta["extra"] = json.loads(raw.get("extra", "{}"))
     return tensors, meta
 
 
