@@ -1,0 +1,173 @@
+// GGUF block formats as the block projections (gemm_blocks.cpp) read them: each weight row a run of blocks in
+// GGUF's byte layout (ggml-common.h: block_q8_0, block_q4_0, block_q4_1, block_q4_K, block_q5_K, block_q6_K), and
+// the de-quantization of a row into fp32.
+//
+// The invariant: a row de-quantizes to exactly the fp32 values the GGUF reference gives (gguf-py's
+// `gguf.quants.dequantize`, which computes what ggml's dequantize_row_* computes): every step below is the same
+// fp32 operation in the same order (products of a half-precision scale and a small integer are exact; the one
+// rounding, a scale times a code minus a minimum, is a separate multiply and subtract, as -ffp-contract=off keeps
+// it). tests/test_native_blocks.py checks it bit for bit per format.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace eagle_trt {
+
+// ggml's type ids (the numbers a GGUF file stores), so a format crosses the Python boundary as the GGUF names it.
+enum BlockFormat : int64_t {
+    kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kBF16 = 30,
+};
+
+struct BlockShape {
+    int64_t elems, bytes;  // weights per block, bytes per block
+};
+
+// The block of a format, or {0, 0} for one these kernels do not take.
+inline BlockShape block_shape(int64_t format) {
+    switch (format) {
+        case kF32: return {1, 4};
+        case kF16: return {1, 2};
+        case kBF16: return {1, 2};
+        case kQ8_0: return {32, 34};
+        case kQ4_0: return {32, 18};
+        case kQ4_1: return {32, 20};
+        case kQ4_K: return {256, 144};
+        case kQ5_K: return {256, 176};
+        case kQ6_K: return {256, 210};
+        default: return {0, 0};
+    }
+}
+
+// Bytes of one row of K weights, or -1 when K is not a whole number of the format's blocks (or the format unknown).
+inline int64_t block_row_bytes(int64_t format, int64_t K) {
+    const BlockShape b = block_shape(format);
+    if (b.elems == 0 || K <= 0 || K % b.elems) return -1;
+    return K / b.elems * b.bytes;
+}
+
+// IEEE half -> float, exact (every half is a float), subnormals included.
+inline float half_to_float(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    uint32_t u;
+    if (e == 0) {
+        const float f = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
+        std::memcpy(&u, &f, 4);
+        u |= sign;
+    } else if (e == 31) {
+        u = sign | 0x7f800000u | (m << 13);
+    } else {
+        u = sign | ((e + 112) << 23) | (m << 13);
+    }
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+// The 6-bit scale and minimum j of a q4_K / q5_K block's 12 packed bytes (ggml's get_scale_min_k4).
+inline void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
+    if (j < 4) {
+        sc = q[j] & 63;
+        m = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+inline void dequant_q8_0(const uint8_t* b, float* y) {
+    const float d = half_to_float(b);
+    const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
+    for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
+}
+
+inline void dequant_q4_0(const uint8_t* b, float* y) {
+    const float d = half_to_float(b);
+    const uint8_t* qs = b + 2;
+    for (int j = 0; j < 16; ++j) {
+        y[j] = static_cast<float>((qs[j] & 0x0F) - 8) * d;
+        y[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
+    }
+}
+
+inline void dequant_q4_1(const uint8_t* b, float* y) {
+    const float d = half_to_float(b), m = half_to_float(b + 2);
+    const uint8_t* qs = b + 4;
+    for (int j = 0; j < 16; ++j) {
+        y[j] = static_cast<float>(qs[j] & 0x0F) * d + m;
+        y[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
+    }
+}
+
+// q4_K (high = null) and q5_K (high: the 32 bytes of fifth bits): 8 groups of 32, each with its own 6-bit scale
+// and minimum, codes in nibbles (64 weights per 32 bytes).
+inline void dequant_k4(const uint8_t* b, const uint8_t* qs, const uint8_t* high, float* y) {
+    const float d = half_to_float(b), dmin = half_to_float(b + 2);
+    const uint8_t* scales = b + 4;
+    for (int j = 0, is = 0; j < 256; j += 64, is += 2, qs += 32) {
+        int sc, m;
+        scale_min_k4(is, scales, sc, m);
+        const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+        scale_min_k4(is + 1, scales, sc, m);
+        const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
+        const int u1 = 1 << is, u2 = 2 << is;  // this pair of groups' bits in the fifth-bit bytes
+        for (int l = 0; l < 32; ++l) {
+            const int h1 = high && (high[l] & u1) ? 16 : 0, h2 = high && (high[l] & u2) ? 16 : 0;
+            y[j + l] = d1 * static_cast<float>((qs[l] & 0xF) + h1) - m1;
+            y[j + 32 + l] = d2 * static_cast<float>((qs[l] >> 4) + h2) - m2;
+        }
+    }
+}
+
+inline void dequant_q6_K(const uint8_t* b, float* y) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = half_to_float(b + 208);
+    for (int n = 0; n < 256; n += 128, y += 128, ql += 64, qh += 32, sc += 8)
+        for (int l = 0; l < 32; ++l) {
+            const int is = l / 16;
+            const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            y[l] = d * static_cast<float>(sc[is]) * static_cast<float>(q1);
+            y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+            y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+            y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+        }
+}
+
+// One row of K weights in `format` (block_row_bytes(format, K) bytes at src) -> y[0..K) in fp32.
+inline void dequant_row(int64_t format, const uint8_t* src, int64_t K, float* y) {
+    const BlockShape s = block_shape(format);
+    if (format == kF32) {
+        std::memcpy(y, src, K * 4);
+        return;
+    }
+    if (format == kF16 || format == kBF16) {
+        for (int64_t k = 0; k < K; ++k) {
+            if (format == kF16) {
+                y[k] = half_to_float(src + 2 * k);
+            } else {
+                uint32_t u = static_cast<uint32_t>(src[2 * k] | (src[2 * k + 1] << 8)) << 16;
+                std::memcpy(y + k, &u, 4);
+            }
+        }
+        return;
+    }
+    for (int64_t b = 0; b < K / s.elems; ++b, src += s.bytes, y += s.elems) {
+        switch (format) {
+            case kQ8_0: dequant_q8_0(src, y); break;
+            case kQ4_0: dequant_q4_0(src, y); break;
+            case kQ4_1: dequant_q4_1(src, y); break;
+            case kQ4_K: dequant_k4(src, src + 16, nullptr, y); break;
+            case kQ5_K: dequant_k4(src, src + 48, src + 16, y); break;
+            case kQ6_K: dequant_q6_K(src, y); break;
+            default: break;
+        }
+    }
+}
+
+}  // namespace eagle_trt
