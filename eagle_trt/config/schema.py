@@ -99,6 +99,12 @@ class EagleConfig(TreeSettings):
         "projections (or the torch reference over gguf-py's de-quantized values); lossless against plain decoding of "
         "the same engine. Backend torch only.",
     )
+    draft_weights: Literal["float", "q8_0", "q4_0", "q4_1"] = Field(
+        "float",
+        description="How the draft's projections are stored: an EAGLE-3 head's (fc, its layer, its own LM head) or a "
+        "draft model's (its layers and LM head). float: in dtype; q8_0, q4_0, q4_1: build quantizes them (a cheaper "
+        "draft step; the draft only proposes, so the output stays lossless whatever it is). Backend torch only.",
+    )
     kv_cache_dtype: Literal["auto", "float32", "float16", "bfloat16", "fp8"] = Field(
         "auto",
         description="KV-cache dtype; auto means the same as dtype. fp8 (float8 e4m3 with per-layer scales "
@@ -160,6 +166,9 @@ class EagleConfig(TreeSettings):
         if self.draft is not None and self.draft.kind == "model" and self.eagle_architecture is not None:
             raise _cross("eagle_architecture describes an EAGLE-3 head, but draft.kind is 'model'; remove "
                          "eagle_architecture (or set it to null)")
+        if self.backend == "trtllm" and self.draft_weights != "float":
+            raise _cross(f"draft_weights {self.draft_weights} is for backend torch (its CPU kernels); set "
+                         "draft_weights: float")
         if self.backend == "trtllm" and self.weights not in ("float", "auto"):
             raise _cross(f"weights {self.weights} is for backend torch (its CPU kernels); TensorRT-LLM takes float "
                          "weights: set weights: float")

@@ -224,7 +224,15 @@ def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path, max_shard_
     draft_tensors = _load(plan.draft_weights)
     if trt and plan.head_kind == "eagle3":
         draft_tensors = trtllm_bundle.draft_tensor_names(draft_tensors, plan.architecture.num_hidden_layers)
+    from eagle_trt.engine import weight_blocks
+
+    draft_tensors, draft_blocks = weight_blocks.quantize_dict(
+        draft_tensors, cfg.draft_weights, tied=bool(plan.engine_draft_config.get("tie_word_embeddings")))
     _save(draft_tensors, root / "draft" / "model.safetensors", cfg.dtype)
+    if draft_blocks:
+        from eagle_trt.models.block_weights import write_table
+
+        write_table(root / "draft", draft_blocks)
     _write_json(root / "draft" / "config.json", _with_dtype(plan.engine_draft_config, cfg.dtype, trt))
     for src in plan.tokenizer_files:
         shutil.copyfile(src, root / "tokenizer" / src.name)
@@ -246,6 +254,7 @@ def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path, max_shard_
         created_by=library_versions(),
         dtype=cfg.dtype,
         weights=_weights_summary(blocks),
+        draft_weights=_weights_summary(draft_blocks),
         kv_cache_dtype=cfg.resolved_kv_cache_dtype,
         tree_limits=TreeLimits(**cfg.model_dump(include=set(TreeLimits.model_fields))),
         io_limits=IoLimits(**cfg.model_dump(include=set(IoLimits.model_fields))),

@@ -11,6 +11,7 @@ tensor of its own (`lm_head.weight`): the embedding lookup keeps the float table
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from eagle_trt.errors import InputError
@@ -42,8 +43,30 @@ def is_projection(name: str) -> bool:
     return name == LM_HEAD or (name.startswith("model.layers.") and name.endswith(PROJECTION_SUFFIXES))
 
 
+_HEAD_PROJECTION = re.compile(r"(layers\.0|midlayer)\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight")
+
+
+def is_draft_projection(name: str) -> bool:
+    """A projection of a draft: a draft model's (as a target's), or an EAGLE-3 head's (fc, its one layer's, its own
+    LM head), by the names the engine stores."""
+    return is_projection(name) or name == "fc.weight" or bool(_HEAD_PROJECTION.fullmatch(name))
+
+
+def quantize_dict(tensors: dict, weights: str, tied: bool = False, field: str = "draft_weights") -> tuple[dict, dict]:
+    """A draft's tensors (all in memory: a head or a small model) with its projections quantized to `weights` ->
+    (the tensors, blocks.json's entries); "float" changes nothing."""
+    if weights == "float":
+        return tensors, {}
+    shapes = {n: tuple(t.shape) for n, t in tensors.items()}
+    plans = plan({n: s for n, s in shapes.items() if is_draft_projection(n) or n == EMBED}, weights, tied=tied,
+                 field=field, projections=is_draft_projection)
+    out = {n: t for n, t in tensors.items() if n not in plans}
+    out.update({n: produce(p, tensors.__getitem__) for n, p in plans.items()})
+    return out, table(plans)
+
+
 def plan(shapes: dict[str, tuple[int, ...]], weights: str, kept: dict[str, dict] | None = None,
-         tied: bool = False, field: str = "weights") -> dict[str, BlockPlan]:
+         tied: bool = False, field: str = "weights", projections=is_projection) -> dict[str, BlockPlan]:
     """The engine's block tensors for a checkpoint whose tensors have these shapes: `weights` a format build makes
     (every projection and the LM head quantized), "auto" (the checkpoint's own blocks, `kept`, and nothing more), or
     "float" (none). An input size the format's blocks do not divide is an InputError naming the tensor."""
@@ -58,7 +81,7 @@ def plan(shapes: dict[str, tuple[int, ...]], weights: str, kept: dict[str, dict]
         raise InputError(f"{field}: {weights}: this checkpoint holds a GGUF's blocks "
                          f"({block_weights.summary(kept)}); build it with {field}: auto to keep them (re-quantizing "
                          "blocks would lose precision), or convert the model from its HF weights")
-    names = [n for n in shapes if is_projection(n)]
+    names = [n for n in shapes if projections(n)]
     if tied and LM_HEAD not in shapes and EMBED in shapes:
         names.append(LM_HEAD)
     out = {}

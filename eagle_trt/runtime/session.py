@@ -92,6 +92,17 @@ class Session:
         kernels = getattr(getattr(self.runner, "target", None), "kernels", None)
         return kernels.name if kernels is not None else "tensorrt-llm"
 
+    @property
+    def weights(self) -> str:
+        """How the engine stores its target's projections: float (in the engine dtype) or the GGUF block formats
+        (q8_0, q4_k+q6_k); the manifest's word for it."""
+        return self.engine.manifest.weights
+
+    @property
+    def draft_weights(self) -> str:
+        """The same for the draft (an EAGLE-3 head or a draft model)."""
+        return self.engine.manifest.draft_weights
+
     @cached_property
     def tuned(self) -> dict:
         """Tree settings `eagle-trt tune` stored in the engine's tuned.json ({} when there are none).
