@@ -124,3 +124,24 @@ def test_bad_weights_settings_are_one_line_errors(tiny_checkpoint, tmp_path):
     cfg.write_text(f"name: t\ncheckpoint_dir: {tiny_checkpoint}\nbackend: trtllm\nweights: q8_0\n")
     r = cli.invoke(app, ["build", "--config", str(cfg), "--output", str(tmp_path / "e"), "--dry-run"])
     assert r.exit_code == 2 and "weights q8_0 is for backend torch" in r.output
+
+
+def test_tune_measures_the_quantized_engine_and_keys_its_choice_by_format(engine, tmp_path):
+    import shutil
+
+    from eagle_trt.bench.tune_store import store_tuned
+    from eagle_trt.errors import CheckpointError
+    from eagle_trt.runtime.session import TUNED_NAME
+
+    copy = tmp_path / "engine"
+    shutil.copytree(engine, copy)
+    r = cli.invoke(app, ["tune", "--engine", str(copy), "--limit", "1", "--max-new-tokens", "12", "--positions", "2",
+                         "--max-depth", "3", "--beams", "1,2", "--validate", "1", "--validate-repeats", "1",
+                         "--lookup-tokens", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    tuned = json.loads((copy / TUNED_NAME).read_text())
+    assert (tuned["weights"], tuned["kernels"]) == ("q4_0", Session.open(copy).kernels)
+    # Settings chosen on another format's verify-cost curve are refused, not silently used.
+    store_tuned(copy, {**tuned, "predicted_tokens_per_second": 1.0, "tau": 1.0}, {"weights": "float"})
+    with pytest.raises(CheckpointError, match="tuned for float weights, the engine has q4_0"):
+        Session.open(copy).decode_config()

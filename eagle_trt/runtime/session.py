@@ -165,6 +165,11 @@ def read_tuned(root: str | Path, manifest) -> dict:
         out = {k: data[k] for k in TUNED_KEYS if k in data}
     except (OSError, ValueError, TypeError, RecursionError) as e:
         raise CheckpointError(f"{path}: unreadable ({e})", hint="rerun `eagle-trt tune`") from None
+    weights = getattr(manifest, "weights", "float")
+    if isinstance(data, dict) and data.get("weights", weights) != weights:
+        # The settings were chosen on another weight format's verify-cost curve.
+        raise CheckpointError(f"{path}: tuned for {data['weights']} weights, the engine has {weights}",
+                              hint="rerun `eagle-trt tune`")
     try:
         DecodeConfig.check_request(out)  # the bounds every decode setting has (config/decode.py)
     except InputError:
