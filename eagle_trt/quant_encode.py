@@ -5,9 +5,8 @@
 
 Each block is quantized exactly as ggml's reference quantizers (ggml-quants.c `quantize_row_*_ref`) and gguf-py's
 `gguf.quants.quantize` do it, in float32, so the bytes equal theirs (tests/test_gguf_blocks.py). Formats:
-q8_0, q4_0, q4_1, q5_0, q5_1, and the float ones (f32, f16, bf16). The k-quants (q4_k, q5_k, q6_k) are not made
-here: their reference quantizer searches scales iteratively, and a result that is not llama.cpp's byte for byte
-would be a different model from the one a llama.cpp user quantizes.
+q8_0, q4_0, q4_1, q5_0, q5_1, q4_k (`quant_k.py`: as `llama-quantize` makes it without an importance matrix),
+and the float ones (f32, f16, bf16). q5_k and q6_k are not made here (they come from a GGUF as they are).
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ import torch
 
 from eagle_trt.errors import ConfigError
 from eagle_trt.quant_blocks import BLOCKS, QuantTensor, row_layout
+from eagle_trt.quant_k import quantize_q4_k
 
 
 def _round_away(x: torch.Tensor) -> torch.Tensor:
@@ -92,7 +92,7 @@ def _bf16(x):
 
 
 _QUANT = {
-    "q8_0": _q8_0, "q4_0": _q4_0, "q4_1": _q4_1, "q5_0": _q5_0, "q5_1": _q5_1, "bf16": _bf16,
+    "q8_0": _q8_0, "q4_0": _q4_0, "q4_1": _q4_1, "q5_0": _q5_0, "q5_1": _q5_1, "q4_k": quantize_q4_k, "bf16": _bf16,
     "f32": lambda x: x.view(torch.uint8), "f16": lambda x: x.half().view(torch.uint8),
 }
 QUANTIZABLE = tuple(_QUANT)
@@ -103,7 +103,7 @@ def quantize_rows(w: torch.Tensor, format: str) -> QuantTensor:
     number of blocks."""
     if format not in _QUANT:
         raise ConfigError(f"cannot quantize weights to {format!r}; eagle-trt quantizes to {', '.join(QUANTIZABLE)}"
-                          + (" (k-quants come from a GGUF file as they are)" if format in BLOCKS else ""))
+                          + (" (these k-quants come from a GGUF file as they are)" if format in BLOCKS else ""))
     shape = tuple(w.shape)
     rows, row_bytes = row_layout(format, shape) if 1 <= len(shape) <= 2 else (0, 0)
     if not rows:

@@ -148,9 +148,64 @@ def test_rounding_mutation_is_caught(monkeypatch):
     assert not torch.equal(quantize_rows(w, "q8_0").data, want)
 
 
+def q4_k_reference_input() -> torch.Tensor:
+    """[24, 512] float32 from numpy's legacy generator (its stream is fixed forever): weights at four scales, rows
+    shifted positive (positive mins), sparse rows, a zero row and a constant row."""
+    rs = np.random.RandomState(0)
+    x = rs.standard_normal((24, 512)) * np.repeat([1e-4, 0.02, 1.0, 300.0], 6)[:, None]
+    x[1::6] += 0.5 * np.abs(x[1::6]).max(axis=1, keepdims=True)
+    x[2::6] *= rs.rand(4, 512) < 0.1
+    x[3], x[4] = 0.0, 0.3
+    return torch.from_numpy(x.astype(np.float32))
+
+
+def test_q4_k_equals_llama_cpp_reference():
+    """tests/fixtures/q4_k_reference.bin: what llama.cpp's quantize_row_q4_K_ref (ggml-quants.c, llama-cpp-python
+    0.3.36's vendored llama.cpp, gcc -O3 with x86-64's default flags, as ggml-base is built) wrote for this input."""
+    want = torch.from_numpy(np.fromfile(REPO / "tests" / "fixtures" / "q4_k_reference.bin", dtype=np.uint8))
+    qt = quantize_rows(q4_k_reference_input(), "q4_k")
+    assert qt.data.shape == (24, 288)
+    assert torch.equal(qt.data.reshape(-1), want)
+
+
+def test_q4_k_sum_order_mutation_is_caught(monkeypatch):
+    """Sums taken in torch's own order (pairwise, vectorised) in place of C's left-to-right loop: other bytes."""
+    from eagle_trt import quant_k
+
+    want = torch.from_numpy(np.fromfile(REPO / "tests" / "fixtures" / "q4_k_reference.bin", dtype=np.uint8))
+    monkeypatch.setattr(quant_k, "_seq_sum", lambda terms: torch.stack(list(terms)).sum(dim=0))
+    assert not torch.equal(quantize_rows(q4_k_reference_input(), "q4_k").data.reshape(-1), want)
+
+
+def test_q4_k_equals_installed_llama_cpp():
+    """Against the libggml-base of an installed llama-cpp-python (the optional llama.cpp extra), on other weights."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    import ctypes
+
+    libs = sorted(Path(llama_cpp.__file__).parent.glob("lib/libggml-base.*"))
+    if not libs:
+        pytest.skip("llama_cpp has no lib/libggml-base")
+    ref = ctypes.CDLL(str(libs[0])).quantize_row_q4_K_ref
+    ref.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    x = np.ascontiguousarray(np.random.RandomState(5).standard_normal((64, 1024)).astype(np.float32) * 0.02)
+    want = np.zeros(x.size // 256 * 144, dtype=np.uint8)
+    ref(x.ctypes.data, want.ctypes.data, x.size)
+    assert torch.equal(quantize_rows(torch.from_numpy(x), "q4_k").data.reshape(-1), torch.from_numpy(want))
+
+
+def test_q4_k_round_trip_within_a_step():
+    """Each 32-weight sub-block comes back within one step of a 4-bit grid over its range (its 6-bit scale and min
+    are themselves rounded, so half a step is not a bound)."""
+    w = torch.randn(16, 1024, generator=torch.Generator().manual_seed(4)) * 0.02
+    err = (dequantize(quantize_rows(w, "q4_k")) - w).abs().reshape(-1, 32)
+    sub = w.reshape(-1, 32)
+    span = sub.amax(dim=1) - sub.amin(dim=1).clamp(max=0)
+    assert (err.amax(dim=1) <= span / 15).all() and err.amax() > 0
+
+
 def test_quantize_refuses_what_it_cannot_make():
-    with pytest.raises(ConfigError, match="cannot quantize weights to 'q4_k'.*k-quants come from a GGUF"):
-        quantize_rows(torch.zeros(4, 256), "q4_k")
+    with pytest.raises(ConfigError, match="cannot quantize weights to 'q6_k'.*k-quants come from a GGUF"):
+        quantize_rows(torch.zeros(4, 256), "q6_k")
     with pytest.raises(CheckpointError, match="not a whole number of q4_0 blocks"):
         quantize_rows(torch.zeros(4, 40), "q4_0")
 
