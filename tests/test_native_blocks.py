@@ -3,6 +3,7 @@ output row a function of its input row alone (a many-row call equals one-row cal
 the AVX2 and AVX-512 builds giving the same bits, and the product within fp32 summation error of the torch reference
 over gguf-py's de-quantized weight."""
 
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -13,7 +14,7 @@ from native_support import build_names, builds, lib_or_skip
 
 # Byte offsets of each k-quant block's fp16 scales (ggml-common.h): random bytes there could be NaN or inf.
 _HALVES = {"q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
-FORMATS = ["q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k", "f16", "bf16", "f32"]
+FORMATS = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "f16", "bf16", "f32"]
 
 
 def random_blocks(fmt: str, out: int, k: int, seed: int = 0) -> bw.BlockWeight:
@@ -41,12 +42,15 @@ def random_blocks(fmt: str, out: int, k: int, seed: int = 0) -> bw.BlockWeight:
 def test_dequantize_is_gguf_py_bit_for_bit(name, fmt):
     lib = lib_or_skip(name)
     w = random_blocks(fmt, 7, 512)
-    assert torch.equal(BlockProjection(lib, w).dequantized(), bw.dequantize(w))
+    qtype = gguf.GGMLQuantizationType(bw.FORMATS[fmt])
+    ref = torch.from_numpy(np.asarray(gguf.quants.dequantize(w.segments[0].data.numpy(), qtype), dtype=np.float32))
+    assert torch.equal(BlockProjection(lib, w).dequantized(), ref.reshape(7, 512))
+    assert torch.equal(bw.dequantize(w), ref.reshape(7, 512))
 
 
 @pytest.mark.parametrize("name", build_names())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q5_1", "q4_k", "q6_k"])
 def test_rows_are_independent_and_match_the_reference(name, dtype, fmt):
     lib = lib_or_skip(name)
     w = random_blocks(fmt, 70, 512, seed=1)

@@ -4,12 +4,12 @@ A `BlockWeight` is a projection's [out, in] weight as rows of GGUF blocks (ggml-
 q4_1, q4_K, q5_K, q6_K, or plain f32/f16/bf16 rows), in segments of output rows that each have one format: a fused
 projection (q, k, v) whose parts a GGUF stores in different formats is several segments. The same bytes serve every
 kernel: the compiled block kernel (`native/block_gemm.py`, `csrc/gemm_blocks.cpp`) and the torch reference
-(`BlockReference`, which de-quantizes once at load with gguf-py, the GGUF reference).
+(`BlockReference`, which de-quantizes once at load: `quant_blocks.dequantize`, gguf-py's values bit for bit).
 
 An engine stores each block weight as a uint8 safetensors tensor [out, bytes per row] under its HF name, and
 `blocks.json` beside the weights names each one's format and logical shape (`write_table`, `read_table`).
 
-    w = quantize(torch.randn(64, 128), "q8_0")      # build: from a float checkpoint (gguf-py's quantizers)
+    w = quantize(torch.randn(64, 256), "q4_k")      # build: from a float checkpoint (llama.cpp's reference quantizers)
     fused = projection_weight([q, k, v])            # the kernels' input for q, k and v as one projection
 """
 
@@ -19,20 +19,19 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from gguf import quants as gguf_quants
 
+from eagle_trt import quant_blocks, quant_encode
 from eagle_trt.errors import CheckpointError
 
 TABLE_NAME = "blocks.json"
 TABLE_FORMAT = "eagle-trt-blocks/1"
 # Format name -> ggml type id (the number a GGUF file stores; the compiled kernels take the same ids).
-FORMATS = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 8, "q4_k": 12, "q5_k": 13, "q6_k": 14, "bf16": 30}
-# What `build` makes from a float checkpoint: the formats gguf-py quantizes (its ports of ggml's reference
-# quantizers). The k-quants (q4_k, q5_k, q6_k) come only from a GGUF, whose blocks convert keeps.
-QUANTIZABLE = ("q8_0", "q4_0", "q4_1")
+FORMATS = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_k": 12, "q5_k": 13,
+           "q6_k": 14, "bf16": 30}
+# What `build` makes from a float checkpoint (`quant_encode.quantize_rows`: llama.cpp's reference quantizers, byte for
+# byte). q5_k and q6_k come only from a GGUF, whose blocks convert keeps.
+QUANTIZABLE = ("q8_0", "q4_k", "q4_0", "q4_1", "q5_0", "q5_1")
 # The HF names of a Llama-family model's projection weights (and the LM head): what a quantized engine keeps in
 # blocks. Embeddings and norms stay in the engine's float dtype.
 PROJECTION_SUFFIXES = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -40,20 +39,20 @@ PROJECTION_SUFFIXES = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "se
                        "mlp.down_proj.weight")
 
 
-def _qtype(fmt: str) -> GGMLQuantizationType:
+def _block(fmt: str) -> tuple[int, int]:
     if fmt not in FORMATS:
         raise ValueError(f"unknown block format {fmt!r}; known: {', '.join(FORMATS)}")
-    return GGMLQuantizationType(FORMATS[fmt])
+    return quant_blocks.BLOCKS[fmt]
 
 
 def block_elems(fmt: str) -> int:
     """Weights per block of a format (1 for the plain float rows)."""
-    return GGML_QUANT_SIZES[_qtype(fmt)][0]
+    return _block(fmt)[0]
 
 
 def row_bytes(fmt: str, in_features: int) -> int:
     """Bytes of one row of `in_features` weights; ValueError when that is not a whole number of blocks."""
-    elems, size = GGML_QUANT_SIZES[_qtype(fmt)]
+    elems, size = _block(fmt)
     if in_features <= 0 or in_features % elems:
         raise ValueError(f"{fmt} rows take a multiple of {elems} weights, not {in_features}")
     return in_features // elems * size
@@ -109,18 +108,16 @@ def from_rows(fmt: str, data: torch.Tensor, in_features: int) -> BlockWeight:
 
 
 def quantize(w: torch.Tensor, fmt: str) -> BlockWeight:
-    """A float weight [out, in] quantized row by row to `fmt` (one of QUANTIZABLE) by gguf-py's quantizer."""
+    """A float weight [out, in] quantized row by row to `fmt` (one of QUANTIZABLE), as llama.cpp quantizes."""
     if fmt not in QUANTIZABLE:
         raise ValueError(f"build quantizes to {', '.join(QUANTIZABLE)}, not {fmt!r}")
-    rows = gguf_quants.quantize(w.detach().float().contiguous().numpy(), _qtype(fmt))
-    return from_rows(fmt, torch.from_numpy(np.ascontiguousarray(rows)), w.shape[1])
+    return from_rows(fmt, quant_encode.quantize_rows(w.detach().float(), fmt).data, w.shape[1])
 
 
 def dequantize(w: BlockWeight) -> torch.Tensor:
-    """The fp32 [out, in] weight the blocks stand for, by gguf-py (the GGUF reference)."""
-    parts = [torch.from_numpy(np.ascontiguousarray(
-        gguf_quants.dequantize(s.data.numpy(), _qtype(s.format)), dtype=np.float32)).reshape(s.rows, w.in_features)
-        for s in w.segments]
+    """The fp32 [out, in] weight the blocks stand for: gguf-py's (the GGUF reference's) values bit for bit."""
+    parts = [quant_blocks.dequantize(quant_blocks.QuantTensor(s.format, (s.rows, w.in_features), s.data))
+             for s in w.segments]
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 

@@ -1,5 +1,6 @@
 // GGUF block formats as the block projections (gemm_blocks.cpp) read them: each weight row a run of blocks in
-// GGUF's byte layout (ggml-common.h: block_q8_0, block_q4_0, block_q4_1, block_q4_K, block_q5_K, block_q6_K), and
+// GGUF's byte layout (ggml-common.h: block_q8_0, block_q4_0, block_q4_1, block_q5_0, block_q5_1, block_q4_K,
+// block_q5_K, block_q6_K), and
 // the de-quantization of a row into fp32.
 //
 // The invariant: a row de-quantizes to exactly the fp32 values the GGUF reference gives (gguf-py's
@@ -16,7 +17,7 @@ namespace eagle_trt {
 
 // ggml's type ids (the numbers a GGUF file stores), so a format crosses the Python boundary as the GGUF names it.
 enum BlockFormat : int64_t {
-    kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kBF16 = 30,
+    kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kBF16 = 30,
 };
 
 struct BlockShape {
@@ -32,6 +33,8 @@ inline BlockShape block_shape(int64_t format) {
         case kQ8_0: return {32, 34};
         case kQ4_0: return {32, 18};
         case kQ4_1: return {32, 20};
+        case kQ5_0: return {32, 22};
+        case kQ5_1: return {32, 24};
         case kQ4_K: return {256, 144};
         case kQ5_K: return {256, 176};
         case kQ6_K: return {256, 210};
@@ -101,6 +104,27 @@ inline void dequant_q4_1(const uint8_t* b, float* y) {
     }
 }
 
+// q5_0 (m = null: codes centred on 16) and q5_1 (codes times d plus m): nibbles as q4_0/q4_1, and a little-endian
+// 32-bit word whose bit j is weight j's fifth bit.
+inline void dequant_q5(const uint8_t* d_at, const uint8_t* m_at, const uint8_t* qh_at, const uint8_t* qs, float* y) {
+    const float d = half_to_float(d_at), m = m_at ? half_to_float(m_at) : 0.0f;
+    const uint32_t qh = static_cast<uint32_t>(qh_at[0]) | (static_cast<uint32_t>(qh_at[1]) << 8) |
+                        (static_cast<uint32_t>(qh_at[2]) << 16) | (static_cast<uint32_t>(qh_at[3]) << 24);
+    const int centre = m_at ? 0 : 16;
+    for (int j = 0; j < 16; ++j) {
+        const int h0 = static_cast<int>(((qh >> j) << 4) & 0x10), h1 = static_cast<int>((qh >> (j + 12)) & 0x10);
+        const float x0 = static_cast<float>(((qs[j] & 0x0F) | h0) - centre);
+        const float x1 = static_cast<float>(((qs[j] >> 4) | h1) - centre);
+        if (m_at) {
+            y[j] = x0 * d + m;
+            y[j + 16] = x1 * d + m;
+        } else {
+            y[j] = x0 * d;
+            y[j + 16] = x1 * d;
+        }
+    }
+}
+
 // q4_K (high = null) and q5_K (high: the 32 bytes of fifth bits): 8 groups of 32, each with its own 6-bit scale
 // and minimum, codes in nibbles (64 weights per 32 bytes).
 inline void dequant_k4(const uint8_t* b, const uint8_t* qs, const uint8_t* high, float* y) {
@@ -162,6 +186,8 @@ inline void dequant_row(int64_t format, const uint8_t* src, int64_t K, float* y)
             case kQ8_0: dequant_q8_0(src, y); break;
             case kQ4_0: dequant_q4_0(src, y); break;
             case kQ4_1: dequant_q4_1(src, y); break;
+            case kQ5_0: dequant_q5(src, nullptr, src + 2, src + 6, y); break;
+            case kQ5_1: dequant_q5(src, src + 2, src + 4, src + 8, y); break;
             case kQ4_K: dequant_k4(src, src + 16, nullptr, y); break;
             case kQ5_K: dequant_k4(src, src + 48, src + 16, y); break;
             case kQ6_K: dequant_q6_K(src, y); break;
