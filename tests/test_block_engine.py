@@ -118,9 +118,13 @@ def test_a_draft_model_engine_quantized(tiny_model_dir, tmp_path):
 
 def test_bad_weights_settings_are_one_line_errors(tiny_checkpoint, tmp_path):
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(f"name: t\ncheckpoint_dir: {tiny_checkpoint}\nweights: q4_k\n")
+    cfg.write_text(f"name: t\ncheckpoint_dir: {tiny_checkpoint}\nmax_input_len: 64\nmax_output_len: 64\nweights: q4_k\n")
     r = cli.invoke(app, ["build", "--config", str(cfg), "--output", str(tmp_path / "e")])
-    assert r.exit_code == 2 and "weights" in r.output and "q4_k" in r.output
+    assert r.exit_code == 2 and r.output.count("\n") == 1
+    assert "weights: q4_k: tensor 'lm_head.weight' [260, 64] has an input size that is not a multiple of 256" in r.output
+    cfg.write_text(f"name: t\ncheckpoint_dir: {tiny_checkpoint}\nweights: q6_k\n")
+    r = cli.invoke(app, ["build", "--config", str(cfg), "--output", str(tmp_path / "e")])
+    assert r.exit_code == 2 and "weights" in r.output and "q6_k" in r.output
     cfg.write_text(f"name: t\ncheckpoint_dir: {tiny_checkpoint}\nbackend: trtllm\nweights: q8_0\n")
     r = cli.invoke(app, ["build", "--config", str(cfg), "--output", str(tmp_path / "e"), "--dry-run"])
     assert r.exit_code == 2 and "weights q8_0 is for backend torch" in r.output
