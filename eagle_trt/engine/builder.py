@@ -282,19 +282,20 @@ def copy_weights(shards: list[Path], out_dir: Path, dtype: str, max_shard_bytes:
     cast = getattr(torch, dtype)
     index = shards[0].parent / INDEX_NAME if shards and shards[0].name != "model.safetensors" else None
     source = tensor_locations(shards, index)
-    kept = block_weights.read_table(shards[0].parent) if shards else {}
+    kept = block_weights.read_table(shards[0].parent, block_weights.KEPT_TABLE) if shards else {}
+    if kept:  # a GGUF's own blocks, beside the float weights (convert/keep_blocks.py)
+        kept_source = tensor_locations([shards[0].parent / block_weights.KEPT_FILE], None)
     blocks = weight_blocks.plan({n: tuple(e.shape) for n, (_, e) in source.items()}, weights, kept, tied)
     keep = keep or {}
-    plan = [Planned(name, cast if e.dtype.is_floating_point or name in kept else e.dtype,
-                    tuple(kept[name]["shape"]) if name in kept else e.shape)
+    plan = [Planned(name, cast if e.dtype.is_floating_point else e.dtype, e.shape)
             for name, (_, e) in source.items() if name not in blocks]
     plan += [Planned(name, torch.uint8, p.stored_shape) for name, p in blocks.items()]
     plan += [Planned(name, t.dtype, tuple(t.shape)) for name, t in keep.items()]
     plan.sort(key=lambda p: p.name)
     files: dict[Path, object] = {}
 
-    def read(name: str):
-        shard, entry = source[name]
+    def read(name: str, from_kept: bool = False):
+        shard, entry = (kept_source if from_kept else source)[name]
         if shard not in files:
             files[shard] = open(shard, "rb")
         return read_tensor(files[shard], entry)
@@ -305,9 +306,6 @@ def copy_weights(shards: list[Path], out_dir: Path, dtype: str, max_shard_bytes:
         if name in blocks:
             return weight_blocks.produce(blocks[name], read)
         t = read(name)
-        if name in kept:  # weights: float over a GGUF's blocks: gguf-py's de-quantized values
-            e = kept[name]
-            return block_weights.dequantize(block_weights.from_rows(e["format"], t, e["shape"][1])).to(cast)
         return t.to(cast) if t.is_floating_point() else t
 
     try:

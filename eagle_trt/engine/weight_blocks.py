@@ -1,6 +1,6 @@
 """Which of a model's weights an engine keeps as GGUF blocks, and making them: `build` with `weights: q8_0` (or
 q4_0, q4_1) quantizes the projections and the LM head of a float checkpoint; a checkpoint that already holds a
-GGUF's blocks (its `blocks.json`, written by `convert`) keeps them as they are with `weights: auto`.
+GGUF's blocks (its `gguf_blocks.json`, written by `convert`) keeps them as they are with `weights: auto`.
 
 Embeddings and norms stay in the engine's float dtype. A model with tied embeddings gets its LM head's blocks as a
 tensor of its own (`lm_head.weight`): the embedding lookup keeps the float table.
@@ -61,15 +61,16 @@ def quantize_dict(tensors: dict, weights: str, tied: bool = False, field: str = 
     plans = plan({n: s for n, s in shapes.items() if is_draft_projection(n) or n == EMBED}, weights, tied=tied,
                  field=field, projections=is_draft_projection)
     out = {n: t for n, t in tensors.items() if n not in plans}
-    out.update({n: produce(p, tensors.__getitem__) for n, p in plans.items()})
+    out.update({n: produce(p, lambda name, kept: tensors[name]) for n, p in plans.items()})
     return out, table(plans)
 
 
 def plan(shapes: dict[str, tuple[int, ...]], weights: str, kept: dict[str, dict] | None = None,
          tied: bool = False, field: str = "weights", projections=is_projection) -> dict[str, BlockPlan]:
     """The engine's block tensors for a checkpoint whose tensors have these shapes: `weights` a format build makes
-    (every projection and the LM head quantized), "auto" (the checkpoint's own blocks, `kept`, and nothing more), or
-    "float" (none). An input size the format's blocks do not divide is an InputError naming the tensor."""
+    (every projection and the LM head quantized from the float weights, even where a GGUF's blocks are kept: its
+    de-quantized values re-quantized), "auto" (the checkpoint's own blocks, `kept`, and nothing more), or "float"
+    (none). An input size the format's blocks do not divide is an InputError naming the tensor."""
     from eagle_trt.models import block_weights
 
     kept = kept or {}
@@ -77,10 +78,6 @@ def plan(shapes: dict[str, tuple[int, ...]], weights: str, kept: dict[str, dict]
         return {}
     if weights == "auto":
         return {name: BlockPlan(e["format"], tuple(e["shape"]), name, kept=True) for name, e in kept.items()}
-    if kept:
-        raise InputError(f"{field}: {weights}: this checkpoint holds a GGUF's blocks "
-                         f"({block_weights.summary(kept)}); build it with {field}: auto to keep them (re-quantizing "
-                         "blocks would lose precision), or convert the model from its HF weights")
     names = [n for n in shapes if projections(n)]
     if tied and LM_HEAD not in shapes and EMBED in shapes:
         names.append(LM_HEAD)
@@ -97,14 +94,13 @@ def plan(shapes: dict[str, tuple[int, ...]], weights: str, kept: dict[str, dict]
 
 
 def produce(p: BlockPlan, read):
-    """The uint8 rows of blocks of one planned tensor; `read(name)` gives a checkpoint tensor (float, or the kept
-    uint8 blocks)."""
+    """The uint8 rows of blocks of one planned tensor; `read(name, kept)` gives a checkpoint tensor (float, or with
+    kept the GGUF's uint8 blocks, as they are)."""
     from eagle_trt.models import block_weights
 
-    t = read(p.source)
     if p.kept:
-        return t
-    return block_weights.quantize(t, p.format).segments[0].data
+        return read(p.source, True)
+    return block_weights.quantize(read(p.source, False), p.format).segments[0].data
 
 
 def table(plans: dict[str, BlockPlan]) -> dict[str, dict]:

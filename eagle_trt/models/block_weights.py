@@ -26,6 +26,8 @@ from eagle_trt.errors import CheckpointError
 
 TABLE_NAME = "blocks.json"
 TABLE_FORMAT = "eagle-trt-blocks/1"
+# A checkpoint converted from a GGUF keeps the file's blocks apart from its float weights (`convert/keep_blocks.py`).
+KEPT_FILE, KEPT_TABLE = "gguf_blocks.safetensors", "gguf_blocks.json"
 # Format name -> ggml type id (the number a GGUF file stores; the compiled kernels take the same ids).
 FORMATS = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_k": 12, "q5_k": 13,
            "q6_k": 14, "bf16": 30}
@@ -182,15 +184,15 @@ class BlockReference:
 
 
 # ---- the engine's table of block tensors ------------------------------------------------------------------------
-def write_table(model_dir: Path, table: dict[str, dict]) -> None:
+def write_table(model_dir: Path, table: dict[str, dict], name: str = TABLE_NAME) -> None:
     """blocks.json: {name: {"format", "shape": [out, in]}} for every tensor stored as blocks."""
     body = {"format": TABLE_FORMAT, "tensors": dict(sorted(table.items()))}
-    (Path(model_dir) / TABLE_NAME).write_text(json.dumps(body, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (Path(model_dir) / name).write_text(json.dumps(body, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def read_table(model_dir: Path) -> dict[str, dict]:
+def read_table(model_dir: Path, name: str = TABLE_NAME) -> dict[str, dict]:
     """The block tensors of a model dir ({} when it keeps float weights only), checked."""
-    path = Path(model_dir) / TABLE_NAME
+    path = Path(model_dir) / name
     if not path.is_file():
         return {}
     try:
