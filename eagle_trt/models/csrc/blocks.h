@@ -13,7 +13,50 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace eagle_trt {
+
+// 16-wide vectors for the de-quantization (two AVX2 registers or one AVX-512 register; GCC lowers them to either).
+// Every lane computes exactly what the scalar formula computes for its weight: the same conversions and the same
+// fp32 operations in the same order, so a vector path changes no bit.
+typedef uint8_t v16u8 __attribute__((vector_size(16)));
+typedef int32_t v16i32 __attribute__((vector_size(64)));
+typedef float v16f __attribute__((vector_size(64)));
+
+inline v16u8 load16(const uint8_t* p) {
+    v16u8 v;
+    std::memcpy(&v, p, 16);
+    return v;
+}
+
+inline void store16(float* y, v16f v) { std::memcpy(y, &v, 64); }
+
+inline v16f to_f32(v16u8 q) { return __builtin_convertvector(__builtin_convertvector(q, v16i32), v16f); }
+
+// 16 int8 at p -> their exact fp32 values (GCC's generic conversion of a signed byte vector is scalar code).
+inline v16f int8_to_f32(const uint8_t* p) {
+#if defined(__AVX512F__)
+    const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    v16f r;
+    std::memcpy(&r, &f, 64);
+    return r;
+#elif defined(__AVX2__)
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+    v16f r;
+    std::memcpy(&r, &lo, 32);
+    std::memcpy(reinterpret_cast<char*>(&r) + 32, &hi, 32);
+    return r;
+#else
+    v16f r;
+    for (int j = 0; j < 16; ++j) r[j] = static_cast<float>(static_cast<int8_t>(p[j]));
+    return r;
+#endif
+}
 
 // ggml's type ids (the numbers a GGUF file stores), so a format crosses the Python boundary as the GGUF names it.
 enum BlockFormat : int64_t {
@@ -80,19 +123,19 @@ inline void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
     }
 }
 
+// y[j] = float(qs[j]) * d.
 inline void dequant_q8_0(const uint8_t* b, float* y) {
     const float d = half_to_float(b);
-    const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
-    for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
+    for (int h = 0; h < 2; ++h) store16(y + 16 * h, int8_to_f32(b + 2 + 16 * h) * d);
 }
 
+// y[j] = float((qs[j] & 0xF) - 8) * d, y[j + 16] = float((qs[j] >> 4) - 8) * d.
 inline void dequant_q4_0(const uint8_t* b, float* y) {
     const float d = half_to_float(b);
-    const uint8_t* qs = b + 2;
-    for (int j = 0; j < 16; ++j) {
-        y[j] = static_cast<float>((qs[j] & 0x0F) - 8) * d;
-        y[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
-    }
+    const v16u8 qs = load16(b + 2);
+    const v16i32 lo = __builtin_convertvector(qs & 0x0F, v16i32) - 8, hi = __builtin_convertvector(qs >> 4, v16i32) - 8;
+    store16(y, __builtin_convertvector(lo, v16f) * d);
+    store16(y + 16, __builtin_convertvector(hi, v16f) * d);
 }
 
 inline void dequant_q4_1(const uint8_t* b, float* y) {
@@ -136,6 +179,14 @@ inline void dequant_k4(const uint8_t* b, const uint8_t* qs, const uint8_t* high,
         const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
         scale_min_k4(is + 1, scales, sc, m);
         const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
+        if (!high) {  // q4_K: y = d1 * float(q & 0xF) - m1, y = d2 * float(q >> 4) - m2, 16 lanes at a time
+            for (int h = 0; h < 2; ++h) {
+                const v16u8 q = load16(qs + 16 * h);
+                store16(y + j + 16 * h, d1 * to_f32(q & 0x0F) - m1);
+                store16(y + j + 32 + 16 * h, d2 * to_f32(q >> 4) - m2);
+            }
+            continue;
+        }
         const int u1 = 1 << is, u2 = 2 << is;  // this pair of groups' bits in the fifth-bit bytes
         for (int l = 0; l < 32; ++l) {
             const int h1 = high && (high[l] & u1) ? 16 : 0, h2 = high && (high[l] & u2) ? 16 : 0;
@@ -149,17 +200,19 @@ inline void dequant_q6_K(const uint8_t* b, float* y) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
     const float d = half_to_float(b + 208);
+    // y[l + 32 g] = (d * float(sc[is + 2 g])) * float(q_g[l]) with is = l / 16: 16 lanes share a scale.
     for (int n = 0; n < 256; n += 128, y += 128, ql += 64, qh += 32, sc += 8)
-        for (int l = 0; l < 32; ++l) {
-            const int is = l / 16;
-            const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-            const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-            const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-            const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-            y[l] = d * static_cast<float>(sc[is]) * static_cast<float>(q1);
-            y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
-            y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
-            y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+        for (int h = 0; h < 2; ++h) {
+            const int l = 16 * h;
+            const v16u8 a = load16(ql + l), b2 = load16(ql + l + 32), hb = load16(qh + l);
+            const v16i32 q1 = __builtin_convertvector((a & 0xF) | (((hb >> 0) & 3) << 4), v16i32) - 32;
+            const v16i32 q2 = __builtin_convertvector((b2 & 0xF) | (((hb >> 2) & 3) << 4), v16i32) - 32;
+            const v16i32 q3 = __builtin_convertvector((a >> 4) | (((hb >> 4) & 3) << 4), v16i32) - 32;
+            const v16i32 q4 = __builtin_convertvector((b2 >> 4) | (((hb >> 6) & 3) << 4), v16i32) - 32;
+            store16(y + l, (d * static_cast<float>(sc[h])) * __builtin_convertvector(q1, v16f));
+            store16(y + l + 32, (d * static_cast<float>(sc[h + 2])) * __builtin_convertvector(q2, v16f));
+            store16(y + l + 64, (d * static_cast<float>(sc[h + 4])) * __builtin_convertvector(q3, v16f));
+            store16(y + l + 96, (d * static_cast<float>(sc[h + 6])) * __builtin_convertvector(q4, v16f));
         }
 }
 
