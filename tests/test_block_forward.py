@@ -24,7 +24,7 @@ def block_target(model_dir, dtype, kernels, fmt: str, tied: bool = False) -> Lla
         raw.pop("lm_head.weight")
     plans = weight_blocks.plan({n: tuple(t.shape) for n, t in raw.items()}, fmt, tied=tied)
     tensors = {n: (t.to(dtype) if t.is_floating_point() else t) for n, t in raw.items() if n not in plans}
-    tensors.update({n: weight_blocks.produce(p, raw.__getitem__) for n, p in plans.items()})
+    tensors.update({n: weight_blocks.produce(p, lambda name, kept: raw[name]) for n, p in plans.items()})
     w = block_weights.BlockTensors(tensors, weight_blocks.table(plans), "tiny")
     return LlamaTarget.from_state_dict(spec, w, dtype, kernels=kernels)
 
