@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX2__) || defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -96,6 +96,9 @@ inline int64_t block_row_bytes(int64_t format, int64_t K) {
 inline float half_to_float(const uint8_t* p) {
     uint16_t h;
     std::memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);  // the hardware conversion: exact, as below
+#endif
     const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
     uint32_t u;
     if (e == 0) {
