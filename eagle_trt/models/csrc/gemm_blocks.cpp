@@ -118,6 +118,54 @@ inline void rows_dot(const float* x, int64_t ldx, const float* w, int64_t Kp, fl
 #endif
 }
 
+// One row of x against one weight row de-quantized in registers instead of into a buffer (a decode step's call):
+// the same weights, lane l's chain over the same k in the same order, the same tree, so the same bits as rows_dot.
+inline void fma32(const v16f& w0, const v16f& w1, const float* x, vf (&a)[kVecs]) {
+    vf w[kVecs];
+    std::memcpy(w, &w0, sizeof w0);
+    std::memcpy(reinterpret_cast<char*>(w) + sizeof w0, &w1, sizeof w1);
+    for (int v = 0; v < kVecs; ++v) a[v] = vfma(w[v], vload(x + v * kLanes), a[v]);
+}
+
+// y[0, n] for formats with a register path (q8_0, q4_0, q4_K); false for the others (they take the buffer).
+inline bool fused_row_dot(int64_t format, const uint8_t* row, const float* x, int64_t K, float& y) {
+    vf a[kVecs];
+    for (int v = 0; v < kVecs; ++v) a[v] = vf{};
+    if (format == kQ8_0) {
+        for (int64_t k = 0; k < K; k += 32, row += 34) {
+            const float d = half_to_float(row);
+            fma32(int8_to_f32(row + 2) * d, int8_to_f32(row + 18) * d, x + k, a);
+        }
+    } else if (format == kQ4_0) {
+        for (int64_t k = 0; k < K; k += 32, row += 18) {
+            const float d = half_to_float(row);
+            const v16u8 qs = load16(row + 2);
+            const v16i32 lo = __builtin_convertvector(qs & 0x0F, v16i32) - 8;
+            const v16i32 hi = __builtin_convertvector(qs >> 4, v16i32) - 8;
+            fma32(__builtin_convertvector(lo, v16f) * d, __builtin_convertvector(hi, v16f) * d, x + k, a);
+        }
+    } else if (format == kQ4_K) {
+        for (int64_t k = 0; k < K; k += 256, row += 144) {
+            const float d = half_to_float(row), dmin = half_to_float(row + 2);
+            const uint8_t* qs = row + 16;
+            for (int j = 0, is = 0; j < 256; j += 64, is += 2, qs += 32) {
+                int sc, m;
+                scale_min_k4(is, row + 4, sc, m);
+                const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+                scale_min_k4(is + 1, row + 4, sc, m);
+                const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
+                const v16u8 q0 = load16(qs), q1 = load16(qs + 16);
+                fma32(d1 * to_f32(q0 & 0x0F) - m1, d1 * to_f32(q1 & 0x0F) - m1, x + k + j, a);
+                fma32(d2 * to_f32(q0 >> 4) - m2, d2 * to_f32(q1 >> 4) - m2, x + k + j + 32, a);
+            }
+        }
+    } else {
+        return false;
+    }
+    y = reduce(a);
+    return true;
+}
+
 using DotFn = void (*)(const float*, int64_t, const float*, int64_t, float*, bool);
 
 template <size_t... I>
@@ -172,6 +220,15 @@ int blocks_gemm(const T* x, const uint8_t* w, T* out, int64_t M, int64_t K, int6
         } else {
             float y[kRows];
             for (int64_t n = n0; n < n1; ++n) {
+                if (M == 1 && wt.K % kWidth == 0) {
+                    int64_t s = 0, r = n;
+                    while (r >= wt.seg[s].rows) r -= wt.seg[s++].rows;
+                    const Segment& g = wt.seg[s];
+                    if (fused_row_dot(g.format, w + g.offset + r * g.row_bytes, xf, wt.K, y[0])) {
+                        Elem<T>::put(out + n, y[0]);
+                        continue;
+                    }
+                }
                 weight_row(w, wt, n, wrow);
                 const int64_t blocks = (M + kRows - 1) / kRows, base = M / blocks, extra = M % blocks;
                 for (int64_t b = 0, r0 = 0; b < blocks; ++b) {
