@@ -118,6 +118,32 @@ inline void rows_dot(const float* x, int64_t ldx, const float* w, int64_t Kp, fl
 #endif
 }
 
+// rows_dot for two weight rows at once (w0, w1; out0[r], out1[r]): each x load serves both, so a many-row call
+// streams x half as often. Each output keeps its own chains, the same as rows_dot's.
+template <int R>
+inline void rows_dot2(const float* x, int64_t ldx, const float* w0, const float* w1, int64_t Kp, float* out0,
+                      float* out1, bool perturb_last) {
+    vf a[R][2][kVecs];
+    for (int r = 0; r < R; ++r)
+        for (int v = 0; v < kVecs; ++v) a[r][0][v] = a[r][1][v] = vf{};
+    for (int64_t k = 0; k < Kp; k += kWidth) {
+        vf wa[kVecs], wb[kVecs];
+        for (int v = 0; v < kVecs; ++v) wa[v] = vload(w0 + k + v * kLanes), wb[v] = vload(w1 + k + v * kLanes);
+        for (int r = 0; r < R; ++r)
+            for (int v = 0; v < kVecs; ++v) {
+                const vf xv = vload(x + r * ldx + k + v * kLanes);
+                a[r][0][v] = vfma(wa[v], xv, a[r][0][v]);
+                a[r][1][v] = vfma(wb[v], xv, a[r][1][v]);
+            }
+    }
+    for (int r = 0; r < R; ++r) out0[r] = reduce(a[r][0]), out1[r] = reduce(a[r][1]);
+#ifdef EAGLE_TRT_MUTATE_GEMM
+    if (perturb_last) out0[R - 1] = reduce_in_order(a[R - 1][0]), out1[R - 1] = reduce_in_order(a[R - 1][1]);
+#else
+    (void)perturb_last;
+#endif
+}
+
 // One row of x against one weight row de-quantized in registers instead of into a buffer (a decode step's call):
 // the same weights, lane l's chain over the same k in the same order, the same tree, so the same bits as rows_dot.
 inline void fma32(const v16f& w0, const v16f& w1, const float* x, vf (&a)[kVecs]) {
@@ -173,6 +199,40 @@ constexpr std::array<DotFn, sizeof...(I)> dot_table(std::index_sequence<I...>) {
     return {&rows_dot<static_cast<int>(I) + 1>...};
 }
 
+#if defined(__AVX512F__)
+constexpr int kRows2 = 4;  // 16 accumulators and 4 weight vectors for two weight rows
+#else
+constexpr int kRows2 = 0;  // AVX2's 16 registers hold one weight row's blocks only
+#endif
+using Dot2Fn = void (*)(const float*, int64_t, const float*, const float*, int64_t, float*, float*, bool);
+
+template <size_t... I>
+constexpr std::array<Dot2Fn, sizeof...(I)> dot2_table(std::index_sequence<I...>) {
+    return {&rows_dot2<static_cast<int>(I) + 1>...};
+}
+
+// Output rows n and n + 1 for every row of x (M > 1): both weight rows de-quantized, then register blocks of rows.
+template <typename T>
+void two_outputs(const uint8_t* w, const Weight& wt, int64_t n, const float* xf, int64_t M, int64_t Kp, float* wrow,
+                 T* out) {
+    if constexpr (kRows2 > 0) {
+        static constexpr auto table2 = dot2_table(std::make_index_sequence<kRows2>{});
+        weight_row(w, wt, n, wrow);
+        weight_row(w, wt, n + 1, wrow + Kp);
+        const int64_t blocks = (M + kRows2 - 1) / kRows2, base = M / blocks, extra = M % blocks;
+        float y0[kRows2], y1[kRows2];
+        for (int64_t b = 0, r0 = 0; b < blocks; ++b) {
+            const int64_t rows = base + (b < extra);
+            table2[rows - 1](xf + r0 * Kp, Kp, wrow, wrow + Kp, Kp, y0, y1, r0 + rows == M);
+            for (int64_t r = 0; r < rows; ++r) {
+                Elem<T>::put(out + (r0 + r) * wt.N + n, y0[r]);
+                Elem<T>::put(out + (r0 + r) * wt.N + n + 1, y1[r]);
+            }
+            r0 += rows;
+        }
+    }
+}
+
 // A 64-byte-aligned fp32 buffer kept per thread across calls.
 struct Buffer {
     float* p = nullptr;
@@ -213,7 +273,7 @@ int blocks_gemm(const T* x, const uint8_t* w, T* out, int64_t M, int64_t K, int6
         const int tid = 0, nt = 1;
 #endif
         const int64_t per = (N + nt - 1) / nt, n0 = tid * per, n1 = n0 + per < N ? n0 + per : N;
-        float* wrow = b_w.get(static_cast<size_t>(Kp));
+        float* wrow = b_w.get(static_cast<size_t>(2 * Kp));
         if (!wrow) {
 #pragma omp atomic write
             failed = 1;
@@ -228,6 +288,11 @@ int blocks_gemm(const T* x, const uint8_t* w, T* out, int64_t M, int64_t K, int6
                         Elem<T>::put(out + n, y[0]);
                         continue;
                     }
+                }
+                if (kRows2 > 0 && M > 1 && n + 1 < n1) {
+                    two_outputs(w, wt, n, xf, M, Kp, wrow, out);
+                    ++n;
+                    continue;
                 }
                 weight_row(w, wt, n, wrow);
                 const int64_t blocks = (M + kRows - 1) / kRows, base = M / blocks, extra = M % blocks;
