@@ -50,7 +50,7 @@ def test_dequantize_is_gguf_py_bit_for_bit(name, fmt):
 
 @pytest.mark.parametrize("name", build_names())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q5_1", "q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1", "q5_1", "q4_k", "q6_k"])
 def test_rows_are_independent_and_match_the_reference(name, dtype, fmt):
     lib = lib_or_skip(name)
     w = random_blocks(fmt, 70, 512, seed=1)

@@ -141,13 +141,12 @@ inline void dequant_q4_0(const uint8_t* b, float* y) {
     store16(y + 16, __builtin_convertvector(hi, v16f) * d);
 }
 
+// y[j] = float(qs[j] & 0xF) * d + m, y[j + 16] = float(qs[j] >> 4) * d + m.
 inline void dequant_q4_1(const uint8_t* b, float* y) {
     const float d = half_to_float(b), m = half_to_float(b + 2);
-    const uint8_t* qs = b + 4;
-    for (int j = 0; j < 16; ++j) {
-        y[j] = static_cast<float>(qs[j] & 0x0F) * d + m;
-        y[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
-    }
+    const v16u8 qs = load16(b + 4);
+    store16(y, to_f32(qs & 0x0F) * d + m);
+    store16(y + 16, to_f32(qs >> 4) * d + m);
 }
 
 // q5_0 (m = null: codes centred on 16) and q5_1 (codes times d plus m): nibbles as q4_0/q4_1, and a little-endian

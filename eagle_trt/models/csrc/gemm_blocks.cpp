@@ -153,7 +153,7 @@ inline void fma32(const v16f& w0, const v16f& w1, const float* x, vf (&a)[kVecs]
     for (int v = 0; v < kVecs; ++v) a[v] = vfma(w[v], vload(x + v * kLanes), a[v]);
 }
 
-// y[0, n] for formats with a register path (q8_0, q4_0, q4_K); false for the others (they take the buffer).
+// y[0, n] for formats with a register path (q8_0, q4_0, q4_1, q4_K); false for the others (they take the buffer).
 inline bool fused_row_dot(int64_t format, const uint8_t* row, const float* x, int64_t K, float& y) {
     vf a[kVecs];
     for (int v = 0; v < kVecs; ++v) a[v] = vf{};
@@ -169,6 +169,12 @@ inline bool fused_row_dot(int64_t format, const uint8_t* row, const float* x, in
             const v16i32 lo = __builtin_convertvector(qs & 0x0F, v16i32) - 8;
             const v16i32 hi = __builtin_convertvector(qs >> 4, v16i32) - 8;
             fma32(__builtin_convertvector(lo, v16f) * d, __builtin_convertvector(hi, v16f) * d, x + k, a);
+        }
+    } else if (format == kQ4_1) {
+        for (int64_t k = 0; k < K; k += 32, row += 20) {
+            const float d = half_to_float(row), m = half_to_float(row + 2);
+            const v16u8 qs = load16(row + 4);
+            fma32(to_f32(qs & 0x0F) * d + m, to_f32(qs >> 4) * d + m, x + k, a);
         }
     } else if (format == kQ4_K) {
         for (int64_t k = 0; k < K; k += 256, row += 144) {
