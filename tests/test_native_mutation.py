@@ -64,3 +64,22 @@ def test_the_attention_and_norm_row_checks_catch_it(mutants):
     together = ops.add_rms_norm(lib, x.clone(), None, w, 1e-5)
     alone = torch.cat([ops.add_rms_norm(lib, x[i:i + 1].clone(), None, w, 1e-5) for i in range(9)])
     assert torch.equal(together[:8], alone[:8]) and not torch.equal(together[8], alone[8])
+
+
+def test_the_block_projections_checks_catch_it(tiny_model_dir, mutants):
+    """The block kernel under the same define sums the last row's lanes in another order: its row check and a block
+    target's verify-equals-decode both fail; the clean build passes them (tests/test_native_blocks.py,
+    test_block_forward.py)."""
+    from eagle_trt.models import block_weights
+    from eagle_trt.models.native.block_gemm import BlockProjection
+    from test_block_forward import block_target
+
+    g = torch.Generator().manual_seed(0)
+    w = block_weights.quantize(torch.randn(96, 512, generator=g), "q4_0")
+    x = torch.randn(9, 512, generator=g)
+    proj = BlockProjection(mutants["GEMM"], w)
+    together = proj(x)
+    alone = torch.cat([proj(x[i:i + 1]) for i in range(9)])
+    assert torch.equal(together[:8], alone[:8]) and not torch.equal(together[8], alone[8])
+    fp32 = torch.float32
+    assert not verify_equals_decode(block_target(tiny_model_dir, fp32, NativeKernels(mutants["GEMM"], fp32), "q8_0"))

@@ -181,7 +181,7 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
         "engine": str(engine), "prompts": prompts, "num_prompts": len(encoded), "limit": limit,
         "max_new_tokens": max_new_tokens, "repeats": repeats, "methods": methods,
         "threads": torch.get_num_threads(), "truncated_prompts": truncated, "command": command,
-        "torch": torch.__version__, "kernels": session.kernels,
+        "torch": torch.__version__, "kernels": session.kernels, "weights": session.weights,
     }
     results["tuned"] = session.tuned or None
     if machine:

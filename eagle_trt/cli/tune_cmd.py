@@ -117,7 +117,9 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
         info = {"default_predicted_tokens_per_second": round(default["predicted_tokens_per_second"], 3)
                 if default else None,
                 "ar_predicted_tokens_per_second": round(result["ar_predicted_tokens_per_second"], 3),
-                "threads": torch.get_num_threads(), "calibration": f"{prompts} x{len(encoded)}"}
+                "threads": torch.get_num_threads(), "calibration": f"{prompts} x{len(encoded)}",
+                # What the verify-cost curve was measured on: a 4-bit verify row costs other compute than a bf16 one.
+                "weights": session.weights, "kernels": session.kernels}
         if validation:
             info["ar_measured_tokens_per_second"] = round(validation["ar_tokens_per_second"], 3)
         stored = str(store_tuned(session.engine.root, best, info))

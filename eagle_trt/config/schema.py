@@ -90,6 +90,22 @@ class EagleConfig(TreeSettings):
         "(their texts differ); bfloat16 streams half the weight bytes (fp32, bf16-dot or AMX math by CPU), float32 "
         "runs everywhere. GPU: float16 or bfloat16.",
     )
+    weights: Literal["float", "auto", "q8_0", "q4_k", "q4_0", "q4_1", "q5_0", "q5_1"] = Field(
+        "float",
+        description="How the target's projections and LM head are stored (embeddings and norms stay in dtype). float: "
+        "in dtype. q8_0, q4_k, q4_0, q4_1, q5_0, q5_1: GGUF blocks that build quantizes from the checkpoint's float "
+        "weights as llama.cpp's reference quantizers do (8.5, 4.5, 4.5, 5, 5.5, 6 bits a weight: fewer bytes a token "
+        "reads; q4_k needs input sizes that are multiples of 256, the others of 32). auto: a GGUF's own blocks where convert kept them (no "
+        "re-quantization: the model llama.cpp computes), else float. Block weights run on the CPU kernels' block "
+        "projections (or the torch reference over gguf-py's de-quantized values); lossless against plain decoding of "
+        "the same engine. Backend torch only.",
+    )
+    draft_weights: Literal["float", "q8_0", "q4_k", "q4_0", "q4_1", "q5_0", "q5_1"] = Field(
+        "float",
+        description="How the draft's projections are stored: an EAGLE-3 head's (fc, its layer, its own LM head) or a "
+        "draft model's (its layers and LM head). float: in dtype; q8_0, q4_k, ...: build quantizes them (a cheaper "
+        "draft step; the draft only proposes, so the output stays lossless whatever it is). Backend torch only.",
+    )
     kv_cache_dtype: Literal["auto", "float32", "float16", "bfloat16", "fp8"] = Field(
         "auto",
         description="KV-cache dtype; auto means the same as dtype. fp8 (float8 e4m3 with per-layer scales "
@@ -161,6 +177,12 @@ class EagleConfig(TreeSettings):
         if self.draft is not None and self.draft.kind == "model" and self.eagle_architecture is not None:
             raise _cross("eagle_architecture describes an EAGLE-3 head, but draft.kind is 'model'; remove "
                          "eagle_architecture (or set it to null)")
+        if self.backend == "trtllm" and self.draft_weights != "float":
+            raise _cross(f"draft_weights {self.draft_weights} is for backend torch (its CPU kernels); set "
+                         "draft_weights: float")
+        if self.backend == "trtllm" and self.weights not in ("float", "auto"):
+            raise _cross(f"weights {self.weights} is for backend torch (its CPU kernels); TensorRT-LLM takes float "
+                         "weights: set weights: float")
         if self.static_tree is not None and self.tree != "static":
             raise _cross(f"static_tree is set but tree is {self.tree!r}; set tree: static or remove static_tree")
         if self.tree == "static":

@@ -51,6 +51,7 @@ from .distributed import World
 from .draft_model import convert_with_draft_model
 from .export import check_output_dir, staged_output, write_manifest, write_target
 from .head_training import attach_and_train
+from .keep_blocks import keep_blocks
 from .load_target import load_target
 from .regen_endpoint import EndpointOptions, connect
 from .result import ConvertResult
@@ -210,6 +211,8 @@ def convert_model(
             # Before attaching: the target must be saved without eagle_module and under its
             # own class name, and this way needs no second copy of the weights.
             write_target(model, tokenizer, stage / "target", max_shard_bytes)
+            if info.format == "gguf":  # the file's own blocks too, for `build` with weights: auto
+                keep_blocks(Path(info.path), stage / "target")
         if head is not None:
             del model  # what follows reads the written checkpoint: never two copies of the weights at once
             gc.collect()

@@ -226,7 +226,8 @@ def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path, max_shard_
     if trt and plan.head_kind == "eagle3" and scales is not None and cfg.resolved_kv_cache_dtype == "fp8":
         fp8_scales = trtllm_bundle.kv_scale_tensors(scales, plan.target_info["num_layers"])
         _write_json(root / "target" / "hf_quant_config.json", trtllm_bundle.HF_QUANT_CONFIG)
-    copy_weights(plan.target_weights, root / "target", cfg.dtype, max_shard_bytes, keep=fp8_scales)
+    blocks = copy_weights(plan.target_weights, root / "target", cfg.dtype, max_shard_bytes, keep=fp8_scales,
+                          weights=cfg.weights, tied=bool(plan.target_config.get("tie_word_embeddings")))
     _write_json(root / "target" / "config.json", _with_dtype(plan.target_config, cfg.dtype, trt))
     for src in plan.target_extra_files:
         shutil.copyfile(src, root / "target" / src.name)
@@ -237,7 +238,15 @@ def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path, max_shard_
     draft_tensors = _load(plan.draft_weights)
     if trt and plan.head_kind == "eagle3":
         draft_tensors = trtllm_bundle.draft_tensor_names(draft_tensors, plan.architecture.num_hidden_layers)
+    from eagle_trt.engine import weight_blocks
+
+    draft_tensors, draft_blocks = weight_blocks.quantize_dict(
+        draft_tensors, cfg.draft_weights, tied=bool(plan.engine_draft_config.get("tie_word_embeddings")))
     _save(draft_tensors, root / "draft" / "model.safetensors", cfg.dtype)
+    if draft_blocks:
+        from eagle_trt.models.block_weights import write_table
+
+        write_table(root / "draft", draft_blocks)
     _write_json(root / "draft" / "config.json", _with_dtype(plan.engine_draft_config, cfg.dtype, trt))
     for src in plan.tokenizer_files:
         shutil.copyfile(src, root / "tokenizer" / src.name)
@@ -260,6 +269,8 @@ def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path, max_shard_
         backend=cfg.backend,
         created_by=library_versions(),
         dtype=cfg.dtype,
+        weights=_weights_summary(blocks),
+        draft_weights=_weights_summary(draft_blocks),
         kv_cache_dtype=cfg.resolved_kv_cache_dtype,
         tree_limits=TreeLimits(**cfg.model_dump(include=set(TreeLimits.model_fields))),
         io_limits=IoLimits(**cfg.model_dump(include=set(IoLimits.model_fields))),
@@ -271,31 +282,46 @@ def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path, max_shard_
     return manifest
 
 
-def copy_weights(shards: list[Path], out_dir: Path, dtype: str, max_shard_bytes: int, keep: dict | None = None) -> None:
+def copy_weights(shards: list[Path], out_dir: Path, dtype: str, max_shard_bytes: int, keep: dict | None = None,
+                 weights: str = "float", tied: bool = False) -> dict:
     """The checkpoint's weights into out_dir in the engine dtype, one tensor in memory at a time, sharded at
     max_shard_bytes; `keep` tensors are added as they are (FP8 scales stay float32). Only floating tensors change
-    dtype: d2t offsets and t2d masks must stay exact integers and bools."""
+    dtype: d2t offsets and t2d masks must stay exact integers and bools. `weights` (the config's): which tensors
+    become GGUF blocks (`engine/weight_blocks.py`), listed in out_dir's blocks.json; returns that table."""
     import torch
 
+    from eagle_trt.engine import weight_blocks
+    from eagle_trt.models import block_weights
     from eagle_trt.safetensors_stream import Planned, read_tensor, tensor_locations, write_sharded
     from eagle_trt.shards import INDEX_NAME
 
     cast = getattr(torch, dtype)
     index = shards[0].parent / INDEX_NAME if shards and shards[0].name != "model.safetensors" else None
     source = tensor_locations(shards, index)
+    kept = block_weights.read_table(shards[0].parent, block_weights.KEPT_TABLE) if shards else {}
+    if kept:  # a GGUF's own blocks, beside the float weights (convert/keep_blocks.py)
+        kept_source = tensor_locations([shards[0].parent / block_weights.KEPT_FILE], None)
+    blocks = weight_blocks.plan({n: tuple(e.shape) for n, (_, e) in source.items()}, weights, kept, tied)
     keep = keep or {}
-    plan = [Planned(name, cast if e.dtype.is_floating_point else e.dtype, e.shape) for name, (_, e) in source.items()]
+    plan = [Planned(name, cast if e.dtype.is_floating_point else e.dtype, e.shape)
+            for name, (_, e) in source.items() if name not in blocks]
+    plan += [Planned(name, torch.uint8, p.stored_shape) for name, p in blocks.items()]
     plan += [Planned(name, t.dtype, tuple(t.shape)) for name, t in keep.items()]
     plan.sort(key=lambda p: p.name)
     files: dict[Path, object] = {}
 
+    def read(name: str, from_kept: bool = False):
+        shard, entry = (kept_source if from_kept else source)[name]
+        if shard not in files:
+            files[shard] = open(shard, "rb")
+        return read_tensor(files[shard], entry)
+
     def produce(name: str):
         if name in keep:
             return keep[name]
-        shard, entry = source[name]
-        if shard not in files:
-            files[shard] = open(shard, "rb")
-        t = read_tensor(files[shard], entry)
+        if name in blocks:
+            return weight_blocks.produce(blocks[name], read)
+        t = read(name)
         return t.to(cast) if t.is_floating_point() else t
 
     try:
@@ -303,6 +329,17 @@ def copy_weights(shards: list[Path], out_dir: Path, dtype: str, max_shard_bytes:
     finally:
         for f in files.values():
             f.close()
+    table = weight_blocks.table(blocks)
+    if table:
+        block_weights.write_table(out_dir, table)
+    return table
+
+
+def _weights_summary(table: dict) -> str:
+    """The manifest's `weights`: float, or the block formats the engine's projections use (q8_0, q4_k+q6_k)."""
+    from eagle_trt.models import block_weights
+
+    return block_weights.summary(table) or "float"
 
 
 def _load(path: Path) -> dict:

@@ -90,6 +90,10 @@ class Manifest(BaseModel):
     backend: Literal["torch", "trtllm"] = Field(description="Runtime the engine was built for.")
     created_by: CreatedBy = Field(description="Library versions used for the build.")
     dtype: str = Field(description="Weight dtype.")
+    weights: str = Field("float", description="How the target's projections and LM head are stored: float (in dtype), "
+                         "or the GGUF block formats they use, most common first (q8_0, q4_k+q6_k).")
+    draft_weights: str = Field("float", description="How the draft's projections (an EAGLE-3 head's or a draft "
+                               "model's) are stored: float (in dtype) or their GGUF block formats.")
     kv_cache_dtype: str = Field(description="KV-cache dtype (auto already resolved).")
     tree_limits: TreeLimits = Field(description="Speculation tree limits.")
     io_limits: IoLimits = Field(description="Request limits.")

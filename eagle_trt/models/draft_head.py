@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from eagle_trt.errors import CheckpointError
-from eagle_trt.models import weight_cache
+from eagle_trt.models import block_weights, weight_cache
 from eagle_trt.models.kernel_api import Kernels, Part
 from eagle_trt.models.kernels import choose_kernels, head_inputs
 from eagle_trt.models.kv_cache import KVCache
@@ -50,26 +50,27 @@ class Eagle3DraftHead:
         self.kernels = self._kernels(target, dtype, n_aux)
         project = self.kernels.projection
         # Projections stored transposed, [in, out] (see models/llama.py for why).
-        self.fc = project(take(w, "fc.weight", (hidden, n_aux * hidden), source).t().contiguous())
+        fused = block_weights.projection_weight  # float: [in, out]; GGUF blocks: rows as they are
+        self.fc = project(fused([take(w, "fc.weight", (hidden, n_aux * hidden), source)]))
         self.fc_bias = w.pop("fc.bias", None)
         p = "layers.0."
         self.hidden_norm = take(w, p + "hidden_norm.weight", (hidden,), source)
         self.input_norm = take(w, p + "input_layernorm.weight", (hidden,), source)
-        self.qkv = project(torch.cat([
+        self.qkv = project(fused([
             take(w, p + "self_attn.q_proj.weight", (q_out, 2 * hidden), source),
             take(w, p + "self_attn.k_proj.weight", (kv_out, 2 * hidden), source),
             take(w, p + "self_attn.v_proj.weight", (kv_out, 2 * hidden), source),
-        ]).t().contiguous())
-        self.o = project(take(w, p + "self_attn.o_proj.weight", (hidden, q_out), source).t().contiguous())
+        ]))
+        self.o = project(fused([take(w, p + "self_attn.o_proj.weight", (hidden, q_out), source)]))
         self.post_norm = take(w, p + "post_attention_layernorm.weight", (hidden,), source)
-        self.gate_up = project(torch.cat([
+        self.gate_up = project(fused([
             take(w, p + "mlp.gate_proj.weight", (s.intermediate_size, hidden), source),
             take(w, p + "mlp.up_proj.weight", (s.intermediate_size, hidden), source),
-        ]).t().contiguous())
-        self.down = project(take(w, p + "mlp.down_proj.weight", (hidden, s.intermediate_size), source).t().contiguous())
+        ]))
+        self.down = project(fused([take(w, p + "mlp.down_proj.weight", (hidden, s.intermediate_size), source)]))
         self.norm = take(w, "norm.weight", (hidden,), source)
         if "lm_head.weight" in w:
-            self.lm_head = project(take(w, "lm_head.weight", (s.draft_vocab_size, hidden), source).t().contiguous())
+            self.lm_head = project(fused([take(w, "lm_head.weight", (s.draft_vocab_size, hidden), source)]))
         elif s.draft_vocab_size == target.spec.vocab_size:
             self.lm_head = target.lm_head  # modelopt reuses the target's head when the vocab is not reduced
         else:
@@ -114,10 +115,13 @@ class Eagle3DraftHead:
 
         def make() -> "Eagle3DraftHead":
             src = draft_dir / "model.safetensors"
-            w = load_safetensors(src, dtype)
+            w, table = load_safetensors(src, dtype), block_weights.read_table(draft_dir)
             official = any(k.startswith("midlayer.") for k in w)
             if official:
                 w = {k.replace("midlayer.", "layers.0.", 1): t for k, t in w.items()}
+                table = {k.replace("midlayer.", "layers.0.", 1): e for k, e in table.items()}
+            if table:  # build quantized the head's projections (draft_weights)
+                w = block_weights.BlockTensors(w, table, src)
             return cls(spec, w, target, dtype, hidden_prenorm=not official, source=src, normed_residual=normed_residual)
 
         return weight_cache.load_or_make(

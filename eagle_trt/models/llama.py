@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from eagle_trt.models import weight_cache
+from eagle_trt.models import block_weights, weight_cache
 from eagle_trt.models.kernel_api import Part
 from eagle_trt.models.kernels import choose_kernels
 from eagle_trt.models.kv_cache import KVCache
@@ -27,6 +27,14 @@ from eagle_trt.models.layers import Rope, embed, window_mask
 from eagle_trt.models.spec import TargetSpec
 from eagle_trt.models.weights import LazyTensors, read_json, take
 from eagle_trt.private_cache import WeightSource
+
+
+def model_tensors(model_dir: Path, dtype: torch.dtype):
+    """A model dir's tensors read as they are taken: floating ones cast to `dtype`, those its blocks.json names as
+    GGUF block weights (a quantized engine's projections)."""
+    tensors = LazyTensors(model_dir, dtype)
+    table = block_weights.read_table(model_dir)
+    return block_weights.BlockTensors(tensors, table, model_dir) if table else tensors
 
 
 @dataclass
@@ -91,7 +99,8 @@ class LlamaTarget:
         self.kernels = kernels or choose_kernels(dtype, spec, embed.device)
         self.layers: list[LayerWeights] = layers
         self.norm = norm
-        self.lm_head = self.kernels.projection(lm_head) if isinstance(lm_head, torch.Tensor) else lm_head
+        plain = isinstance(lm_head, (torch.Tensor, block_weights.BlockWeight))
+        self.lm_head = self.kernels.projection(lm_head) if plain else lm_head
         self.dtype = dtype
         self.rope = Rope(spec.head_dim, spec.rope_theta, spec.rope_scaling,
                          max_positions or spec.max_position_embeddings, dtype)
@@ -124,7 +133,7 @@ class LlamaTarget:
         kernels = choose_kernels(dtype, spec)
         return weight_cache.load_or_make(
             cache, role, kernels.cache_key,
-            make=lambda: cls.from_state_dict(spec, LazyTensors(model_dir, dtype), dtype, model_dir, kernels=kernels),
+            make=lambda: cls.from_state_dict(spec, model_tensors(model_dir, dtype), dtype, model_dir, kernels=kernels),
             state_of=lambda model: model.runtime_state(),
             restore=lambda tensors, meta: cls.from_runtime_state(spec, dtype, kernels, tensors, meta))
 
@@ -185,12 +194,13 @@ class LlamaTarget:
             up = take(w, p + "mlp.up_proj.weight", (s.intermediate_size, s.hidden_size), source)
             norms = _layer_norms(w, p, s, source)
             layers.append(LayerWeights(
-                qkv=project(torch.cat([q, k, v]).t().contiguous()),
+                qkv=project(block_weights.projection_weight([q, k, v])),
                 qkv_bias=bias,
-                o=project(take(w, p + "self_attn.o_proj.weight", (s.hidden_size, q_out), source).t().contiguous()),
-                gate_up=project(torch.cat([gate, up]).t().contiguous()),
-                down=project(take(w, p + "mlp.down_proj.weight", (s.hidden_size, s.intermediate_size),
-                                  source).t().contiguous()),
+                o=project(block_weights.projection_weight([take(w, p + "self_attn.o_proj.weight",
+                                                                (s.hidden_size, q_out), source)])),
+                gate_up=project(block_weights.projection_weight([gate, up])),
+                down=project(block_weights.projection_weight([take(w, p + "mlp.down_proj.weight",
+                                                                   (s.hidden_size, s.intermediate_size), source)])),
                 **norms,
             ))
         norm = _norm_weight(take(w, "model.norm.weight", (s.hidden_size,), source), s)
@@ -198,8 +208,9 @@ class LlamaTarget:
             lm_head = take(w, "lm_head.weight", (s.vocab_size, s.hidden_size), source)
         else:
             lm_head = embed  # tied embeddings (SmolLM2)
-        # [hidden, vocab]; for tied embeddings this is a transposed copy (the lookup keeps [vocab, hidden]).
-        return cls(spec, embed, layers, norm, lm_head.t().contiguous(), dtype, kernels=kernels)
+        # [hidden, vocab]; for tied embeddings this is a transposed copy (the lookup keeps [vocab, hidden]). A
+        # quantized engine stores its LM head's blocks apart even when the embeddings are tied.
+        return cls(spec, embed, layers, norm, block_weights.projection_weight([lm_head]), dtype, kernels=kernels)
 
     def new_cache(self, capacity: int, kv_dtype: torch.dtype | None = None, k_scales=None, v_scales=None) -> KVCache:
         s = self.spec

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from eagle_trt.models.block_weights import BlockReference, BlockWeight
 from eagle_trt.models.kernel_api import HeadStack, Kernels, TargetStack
 from eagle_trt.models.gemm import INVARIANT_ROWS, Projection, bf16_hardware, prepack_enabled
 from eagle_trt.models.layers import Rope, additive_mask, attention, attention_fp64, rms_norm, swiglu_mlp
@@ -119,7 +120,10 @@ class TorchKernels:
                               and bf16_hardware())
         self.lm_head_rows = INVARIANT_ROWS
 
-    def projection(self, w: torch.Tensor) -> Projection:
+    def projection(self, w):
+        """A float weight [in, out] on torch's GEMMs; a BlockWeight de-quantized once (`BlockReference`)."""
+        if isinstance(w, BlockWeight):
+            return BlockReference(w)
         return Projection(w)
 
     # ---- the runtime weight cache (models/weight_cache.py): the [in, out] layout; oneDNN packs it at load ----
@@ -129,9 +133,13 @@ class TorchKernels:
 
     @staticmethod
     def projection_state(proj) -> tuple[torch.Tensor, dict]:
-        return proj.w, {"in": proj.in_features, "out": proj.out_features}
+        # A block weight's reference is its de-quantized fp32 [in, out] weight (gguf-py's values).
+        return proj.w, {"in": proj.in_features, "out": proj.out_features,
+                        **({"dequantized": True} if isinstance(proj, BlockReference) else {})}
 
-    def projection_from_state(self, w: torch.Tensor, meta: dict) -> Projection:
+    def projection_from_state(self, w: torch.Tensor, meta: dict):
+        if meta.get("dequantized"):
+            return BlockReference.from_dequantized(w)
         return Projection(w)
 
     def fitted(self, inputs) -> Kernels:

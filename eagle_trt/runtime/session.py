@@ -92,6 +92,17 @@ class Session:
         kernels = getattr(getattr(self.runner, "target", None), "kernels", None)
         return kernels.name if kernels is not None else "tensorrt-llm"
 
+    @property
+    def weights(self) -> str:
+        """How the engine stores its target's projections: float (in the engine dtype) or the GGUF block formats
+        (q8_0, q4_k+q6_k); the manifest's word for it."""
+        return self.engine.manifest.weights
+
+    @property
+    def draft_weights(self) -> str:
+        """The same for the draft (an EAGLE-3 head or a draft model)."""
+        return self.engine.manifest.draft_weights
+
     @cached_property
     def tuned(self) -> dict:
         """Tree settings `eagle-trt tune` stored in the engine's tuned.json ({} when there are none).
@@ -154,6 +165,11 @@ def read_tuned(root: str | Path, manifest) -> dict:
         out = {k: data[k] for k in TUNED_KEYS if k in data}
     except (OSError, ValueError, TypeError, RecursionError) as e:
         raise CheckpointError(f"{path}: unreadable ({e})", hint="rerun `eagle-trt tune`") from None
+    weights = getattr(manifest, "weights", "float")
+    if isinstance(data, dict) and data.get("weights", weights) != weights:
+        # The settings were chosen on another weight format's verify-cost curve.
+        raise CheckpointError(f"{path}: tuned for {data['weights']} weights, the engine has {weights}",
+                              hint="rerun `eagle-trt tune`")
     try:
         DecodeConfig.check_request(out)  # the bounds every decode setting has (config/decode.py)
     except InputError:

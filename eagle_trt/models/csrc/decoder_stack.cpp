@@ -190,17 +190,18 @@ int64_t eagle_trt_stack_scratch(int64_t T, int64_t hidden, int64_t H, int64_t Hk
 // the part's mask). A part's rows are computed from its own tokens and cache alone, whatever else is in the
 // pass: the projections keep every row a function of that row. aux_layers: n_aux ascending layer ids; aux_out:
 // [T, n_aux * hidden] or null. h_out: [T, hidden], the final norm of the output. Every tensor fp32, or every one
-// bf16 (bf16 = 1); amx = 1: the projections are packed for the AMX kernel (bf16 only), else for eagle_trt_gemm.
+// bf16 (bf16 = 1); kernel: the projections' weights (0 packed for eagle_trt_gemm, 1 for AMX tiles, bf16 only, 2
+// block weights).
 // Returns 0, or the first failing kernel's code (-2 also when the parts' rows do not add up to T).
 int eagle_trt_decoder_stack(void* x, const void* const* weights, int64_t L, const void* final_norm, void* h_out,
                             const void* cos, const void* sin, const void* cos_local, const void* sin_local,
                             const uint8_t* local_layers, int64_t n_parts, const int64_t* parts, void* const* caches,
                             const uint8_t* const* masks, const uint8_t* const* local_masks, int64_t T, int64_t hidden,
                             int64_t H, int64_t Hkv, int64_t D, int64_t I, float eps, float scale, int act,
-                            const int64_t* aux_layers, int64_t n_aux, void* aux_out, void* scratch, int bf16, int amx,
+                            const int64_t* aux_layers, int64_t n_aux, void* aux_out, void* scratch, int bf16, int kernel,
                             int threads) {
     if (T <= 0 || L <= 0 || D <= 0 || n_parts <= 0 || act < 0 || act > 1) return -2;
-    const Projection project = projection(bf16, amx);
+    const Projection project = projection(bf16, kernel);
     if (!project) return -2;
     const Dims s{T, hidden, H, Hkv, D, I};
     if (bf16)

@@ -161,8 +161,8 @@ int64_t eagle_trt_draft_scratch(int64_t T, int64_t hidden, int64_t H, int64_t Hk
     return T * (2 * hidden + hidden + (H + 2 * Hkv) * D + 2 * H * D + 3 * hidden + 3 * I);
 }
 
-// w: kSlots pointers (norms, then projections packed for the chosen kernel: AMX tiles with amx = 1, else
-// eagle_trt_gemm). hidden, e: [T, hidden], the rows of n_parts requests in order; out: [T, hidden], the layer's
+// w: kSlots pointers (norms, then projections for the chosen kernel: 0 packed for eagle_trt_gemm, 1 for AMX tiles,
+// 2 block weights). hidden, e: [T, hidden], the rows of n_parts requests in order; out: [T, hidden], the layer's
 // pre-norm output; logits: [T, vocab], or with last_only [n_parts, vocab] for each part's last row. parts
 // [n_parts][4] = rows, start, and the cache's head and row strides in elements; caches [n_parts][2] = the part's head
 // K and V caches ([Hkv, capacity, D]), written at rows start..start+rows-1; masks [n_parts] = [rows, start + rows]
@@ -173,9 +173,9 @@ int eagle_trt_draft_layer(const void* const* w, const void* hidden, const void* 
                           const void* sin, int64_t n_parts, const int64_t* parts, void* const* caches,
                           const uint8_t* const* masks, int64_t T, int64_t n, int64_t H, int64_t Hkv, int64_t D,
                           int64_t I, int64_t vocab, float eps, int last_only, void* out, void* logits, void* scratch,
-                          int bf16, int amx, int threads) {
+                          int bf16, int kernel, int threads) {
     if (T <= 0 || n <= 0 || D <= 0 || n_parts <= 0) return -2;
-    const Projection project = projection(bf16, amx);
+    const Projection project = projection(bf16, kernel);
     if (!project) return -2;
     if (bf16) {
         using B = uint16_t;

@@ -4,7 +4,8 @@
 //
 // Conventions: returns 0 on success, -1 when working memory ran out, -2 for a shape the kernel does not take, -3
 // when this build lacks the kernel (AMX). `bf16` selects the activations' dtype: 0 fp32, 1 bfloat16 (uint16 bits).
-// `threads` is the OpenMP team size. Pointers to tensors are void*; strides are in elements.
+// `kernel` selects the projections' weights in a one-call forward: 0 packed for eagle_trt_gemm, 1 for AMX tiles, 2
+// block weights (eagle_trt_blocks_gemm). `threads` is the OpenMP team size. Pointers to tensors are void*; strides are in elements.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,12 @@ int64_t eagle_trt_gemm_packed_size(int64_t K, int64_t N, int bf16);
 int eagle_trt_gemm_pack(const void* w, void* packed, int64_t K, int64_t N, int bf16);
 int eagle_trt_gemm(const void* x, const void* packed, void* out, int64_t M, int64_t K, int64_t N, int bf16,
                    int threads);
+
+// Projections over GGUF block weights (gemm_blocks.cpp): a self-describing weight buffer (formats: ggml type ids).
+int64_t eagle_trt_blocks_row_bytes(int64_t format, int64_t K);
+int eagle_trt_blocks_dequant(const uint8_t* w, float* out, int64_t K, int64_t N);
+int eagle_trt_blocks_gemm(const void* x, const uint8_t* w, void* out, int64_t M, int64_t K, int64_t N, int bf16,
+                          int threads);
 
 // bf16 projections on AMX tiles (gemm_amx.cpp).
 int eagle_trt_amx_available(void);
@@ -54,7 +61,7 @@ int eagle_trt_decoder_stack(void* x, const void* const* weights, int64_t L, cons
                             const uint8_t* local_layers, int64_t n_parts, const int64_t* parts, void* const* caches,
                             const uint8_t* const* masks, const uint8_t* const* local_masks, int64_t T, int64_t hidden,
                             int64_t H, int64_t Hkv, int64_t D, int64_t I, float eps, float scale, int act,
-                            const int64_t* aux_layers, int64_t n_aux, void* aux_out, void* scratch, int bf16, int amx,
+                            const int64_t* aux_layers, int64_t n_aux, void* aux_out, void* scratch, int bf16, int kernel,
                             int threads);
 
 // The draft head's forward in one call, and drafting's top-k log-probs (draft_layer.cpp).
@@ -63,6 +70,6 @@ int eagle_trt_draft_layer(const void* const* w, const void* hidden, const void* 
                           const void* sin, int64_t n_parts, const int64_t* parts, void* const* caches,
                           const uint8_t* const* masks, int64_t T, int64_t n, int64_t H, int64_t Hkv, int64_t D,
                           int64_t I, int64_t vocab, float eps, int last_only, void* out, void* logits, void* scratch,
-                          int bf16, int amx, int threads);
+                          int bf16, int kernel, int threads);
 int eagle_trt_top_logp(const void* logits, int64_t rows, int64_t V, int k, float* vals, int64_t* idx, int bf16);
 }

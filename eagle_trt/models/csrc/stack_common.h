@@ -25,10 +25,21 @@ inline int project_amx(const void* x, const void* w, void* out, int64_t M, int64
                               static_cast<uint16_t*>(out), M, K, N, threads);
 }
 
-// The kernel for these activations (bf16 or fp32) and weights (packed for AMX tiles or for eagle_trt_gemm); null
-// for AMX with fp32.
-inline Projection projection(int bf16, int amx) {
-    if (amx) return bf16 ? project_amx : nullptr;
+inline int project_blocks_f32(const void* x, const void* w, void* out, int64_t M, int64_t K, int64_t N, int threads) {
+    return eagle_trt_blocks_gemm(x, static_cast<const uint8_t*>(w), out, M, K, N, 0, threads);
+}
+
+inline int project_blocks_bf16(const void* x, const void* w, void* out, int64_t M, int64_t K, int64_t N,
+                               int threads) {
+    return eagle_trt_blocks_gemm(x, static_cast<const uint8_t*>(w), out, M, K, N, 1, threads);
+}
+
+// The kernel for these activations (bf16 or fp32) and weights (kernel: 0 packed for eagle_trt_gemm, 1 for AMX
+// tiles, 2 block weights for eagle_trt_blocks_gemm); null for AMX with fp32 or an unknown kernel.
+inline Projection projection(int bf16, int kernel) {
+    if (kernel == 2) return bf16 ? project_blocks_bf16 : project_blocks_f32;
+    if (kernel == 1) return bf16 ? project_amx : nullptr;
+    if (kernel != 0) return nullptr;
     return bf16 ? project_bf16 : project_f32;
 }
 

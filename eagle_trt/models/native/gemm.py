@@ -110,6 +110,11 @@ class NativeProjection:
         return out
 
     @property
+    def kernel(self) -> int:
+        """The one-call forwards' code for this weight's layout (csrc/stack_common.h): 1 AMX tiles, 0 vectors."""
+        return int(self.amx)
+
+    @property
     def rows_per_pass(self) -> int:
         """Rows one call multiplies in a single pass over the weight."""
         return AMX_ROWS if self.amx else SIMD_ROWS

@@ -15,9 +15,10 @@ from __future__ import annotations
 import torch
 
 from eagle_trt.models import reference
+from eagle_trt.models.block_weights import BlockWeight
 from eagle_trt.models.kernel_api import HeadStack, Kernels, Part, TargetStack
 from eagle_trt.models.kv_cache import KVCache
-from eagle_trt.models.native import gemm, ops, stack
+from eagle_trt.models.native import block_gemm, gemm, ops, stack
 
 _DTYPES = (torch.float32, torch.bfloat16)
 
@@ -50,7 +51,11 @@ class NativeKernels:
             return NativeKernels(self.lib, self.dtype, amx=False)
         return self
 
-    def projection(self, w: torch.Tensor) -> gemm.NativeProjection:
+    def projection(self, w):
+        """A float weight [in, out] packed for this build's vectors or AMX tiles; a BlockWeight (GGUF blocks, [out, in]
+        rows) on the block kernel, whatever the CPU."""
+        if isinstance(w, BlockWeight):
+            return block_gemm.BlockProjection(self.lib, w)
         return gemm.NativeProjection(self.lib, w, amx=self.amx)
 
     # ---- the runtime weight cache (models/weight_cache.py) -------------------------------------------------
@@ -61,9 +66,13 @@ class NativeKernels:
 
     @staticmethod
     def projection_state(proj) -> tuple[torch.Tensor, dict]:
+        if proj.kernel == block_gemm.KERNEL:
+            return proj.w, {"in": proj.in_features, "out": proj.out_features, "blocks": proj.formats}
         return proj.w, {"in": proj.in_features, "out": proj.out_features, "amx": proj.amx}
 
-    def projection_from_state(self, w: torch.Tensor, meta: dict) -> gemm.NativeProjection:
+    def projection_from_state(self, w: torch.Tensor, meta: dict):
+        if "blocks" in meta:
+            return block_gemm.BlockProjection.from_packed(self.lib, w, meta["in"], meta["out"])
         return gemm.NativeProjection.from_packed(self.lib, w, meta["in"], meta["out"], meta["amx"])
 
     # ---- the target -----------------------------------------------------------------------------------------

@@ -33,14 +33,16 @@ def scratch(elements: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _table(tensors: list, dtype: torch.dtype, what: str):
+    # uint8: a block weight's self-describing buffer (native/block_gemm.py), whatever the activations' dtype.
     for t in tensors:
-        if t is not None and (t.dtype is not dtype or not t.is_cpu or not t.is_contiguous()):
+        if t is not None and (t.dtype not in (dtype, torch.uint8) or not t.is_cpu or not t.is_contiguous()):
             raise TypeError(f"the {what} takes contiguous {dtype} CPU weights, got {t.dtype}")
     return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() if t is not None else None for t in tensors])
 
 
-def _same_kernel(projections, what: str) -> bool:
-    kinds = {p.amx for p in projections}
+def _same_kernel(projections, what: str) -> int:
+    """The one kernel code (csrc/stack_common.h: 0 vectors, 1 AMX, 2 blocks) every projection's weight has."""
+    kinds = {p.kernel for p in projections}
     if len(kinds) != 1:
         raise ValueError(f"the {what}'s projections must all be packed for one kernel")
     return kinds.pop()
@@ -57,7 +59,7 @@ class StackWeights:
                  lw.k_norm, lw.attn_out_norm, lw.mlp_out_norm] for lw in layers]
         self.keep = [t for row in rows for t in row if t is not None] + [final_norm]
         self.table = _table([t for row in rows for t in row], dtype, "decoder stack")
-        self.amx = _same_kernel([p for lw in layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)], "decoder stack")
+        self.kernel = _same_kernel([p for lw in layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)], "decoder stack")
         self.final_norm, self.num_layers, self.dtype = final_norm, len(layers), dtype
         self._ids: dict[tuple, torch.Tensor] = {}
         self._local: dict[tuple, torch.Tensor] = {}
@@ -119,7 +121,7 @@ def decoder_stack(lib, weights: StackWeights, *, spec, x: torch.Tensor, cos: tor
                            len(parts), part_table.data_ptr(), cache_ptrs, mask_ptrs, local_ptrs, *dims,
                            spec.rms_norm_eps, scale, int(getattr(spec, "activation", "silu") == "gelu_tanh"),
                            ids.data_ptr(), ids.numel(), aux.data_ptr() if aux is not None else None, work.data_ptr(),
-                           ops.is_bf16(x), int(weights.amx), torch.get_num_threads())
+                           ops.is_bf16(x), weights.kernel, torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"native decoder stack failed (code {rc}) for {t} rows in {len(parts)} parts")
     return h, aux
@@ -134,7 +136,7 @@ class DraftWeights:
                head.down.w, head.norm, head.lm_head.w]
         self.dtype = head.norm.dtype
         self.table = _table(row, self.dtype, "draft layer")
-        self.amx = _same_kernel(projections, "draft layer")
+        self.kernel = _same_kernel(projections, "draft layer")
         self.keep, self.vocab = row, head.lm_head.out_features
         # norm_before_residual: the layer's residual is the normed feature (csrc/draft_layer.cpp's kNormedResidual)
         self.normed_residual = bool(getattr(head, "normed_residual", False))
@@ -161,7 +163,7 @@ def draft_layer(lib, weights: DraftWeights, *, spec, hidden: torch.Tensor, e: to
     rc = lib.draft_layer(weights.table, hidden.data_ptr(), e.data_ptr(), mode, cos.data_ptr(),
                          sin.data_ptr(), len(parts), table.data_ptr(), caches, masks, *dims, weights.vocab,
                          spec.rms_norm_eps, int(last_only), out.data_ptr(), logits.data_ptr(), work.data_ptr(),
-                         ops.is_bf16(hidden), int(weights.amx), torch.get_num_threads())
+                         ops.is_bf16(hidden), weights.kernel, torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"native draft layer failed (code {rc}) for {t} rows in {len(parts)} parts")
     return logits, out
