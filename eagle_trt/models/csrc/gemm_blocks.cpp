@@ -239,21 +239,6 @@ void two_outputs(const uint8_t* w, const Weight& wt, int64_t n, const float* xf,
     }
 }
 
-// A 64-byte-aligned fp32 buffer kept per thread across calls.
-struct Buffer {
-    float* p = nullptr;
-    size_t count = 0;
-    float* get(size_t n) {
-        if (n > count) {
-            std::free(p);
-            p = static_cast<float*>(std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64));
-            count = p ? n : 0;
-        }
-        return p;
-    }
-    ~Buffer() { std::free(p); }
-};
-
 template <typename T>
 int blocks_gemm(const T* x, const uint8_t* w, T* out, int64_t M, int64_t K, int64_t N, int threads) {
     static constexpr auto table = dot_table(std::make_index_sequence<kRows>{});

@@ -183,21 +183,6 @@ void many_rows(const void* x, int64_t ldx, int64_t m, const T* packed, int64_t K
     }
 }
 
-// A growable 64-byte-aligned buffer kept per thread across calls (the decode loop makes hundreds of calls a token).
-struct Buffer {
-    float* p = nullptr;
-    size_t count = 0;
-    float* get(size_t n) {
-        if (n > count) {
-            std::free(p);
-            p = static_cast<float*>(std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64));
-            count = p ? n : 0;
-        }
-        return p;
-    }
-    ~Buffer() { std::free(p); }
-};
-
 // Rows r .. r+m-1 of x as the chains read them: fp32 values (an fp32 x itself; bf16 widened into buf), or for the
 // dot bf16 pairs (copied into buf with a zero past an odd K). Returns the rows and sets ld, their stride in steps.
 template <typename T>

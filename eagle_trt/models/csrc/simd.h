@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #if defined(__AVX512F__) || defined(__FMA__)
@@ -12,6 +13,25 @@
 #endif
 
 namespace eagle_trt {
+
+// A growable 64-byte-aligned buffer kept per thread across calls: the decode loop calls the kernels hundreds of
+// times a token, and OpenMP's pool threads live as long as the process, so after the first calls nothing is
+// allocated.
+struct Buffer {
+    void* p = nullptr;
+    size_t bytes = 0;
+    template <typename T = float>
+    T* get(size_t count) {
+        const size_t need = (count * sizeof(T) + 63) / 64 * 64;
+        if (need > bytes) {
+            std::free(p);
+            p = std::aligned_alloc(64, need);
+            bytes = p ? need : 0;
+        }
+        return static_cast<T*>(p);
+    }
+    ~Buffer() { std::free(p); }
+};
 
 // One vector register: 16 floats with AVX-512, else 8 (AVX2 and anything else). The lane count fixes the order of
 // the few cross-lane sums, so it is a property of the build, the same for every call in a process.

@@ -55,24 +55,6 @@ struct Layout {
     int H, Hkv, G, S, Sp, D, Dp, T;
 };
 
-// A growable 64-byte-aligned buffer kept per thread across calls: the decode loop calls the kernel 30 times a
-// token, and OpenMP's pool threads live as long as the process, so after the first calls nothing is allocated.
-struct Buffer {
-    void* p = nullptr;
-    size_t bytes = 0;
-    template <typename T>
-    T* get(size_t count) {
-        const size_t need = (count * sizeof(T) + 63) / 64 * 64;
-        if (need > bytes) {
-            std::free(p);
-            p = std::aligned_alloc(64, need);
-            bytes = p ? need : 0;
-        }
-        return static_cast<T*>(p);
-    }
-    ~Buffer() { std::free(p); }
-};
-
 // Per call: K transposed to [Hkv][D][Sp] in fp32, so a score is one lane's sequential sum over head_dim (whatever lane
 // its key lands in); V to [Hkv][S][Dp] fp32 only where head_dim is not a whole number of vectors (else the sums read
 // V where it is, see Values). An output element is one lane's sum over the keys either way.
