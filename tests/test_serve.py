@@ -5,68 +5,27 @@ from __future__ import annotations
 
 import json
 import re
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from serve_support import TIMEOUT
+from serve_support import Server as ServeProcess
+
 from eagle_trt.cli.app import app
 from eagle_trt.serve.stops import StopScanner
 
 openai = pytest.importorskip("openai")
-REPO = Path(__file__).resolve().parents[1]
 PROMPTS = ["hello there", "count to five", "a b c d e", "why is the sky blue"]
-TIMEOUT = 120  # seconds any one request or start-up may take
 
 
-class Server:
-    def __init__(self, engine: Path, *extra: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "eagle_trt", "serve", "--engine", str(engine), "--port",
-                                      "0", *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env={**os.environ, "EAGLE_TRT_DEBUG": "1"})
-        deadline = time.monotonic() + TIMEOUT
-        line = ""
-        while "serving" not in line:
-            line = self.proc.stderr.readline()
-            if not line and self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                pytest.fail(f"the server did not start: {line}{self.proc.stderr.read()}")
-        self.url = line.split(" on ")[1].split()[0]
-        assert self.url.startswith("http://127.0.0.1:")
-
+class Server(ServeProcess):
     def client(self, key: str = "none"):
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, timeout=TIMEOUT, max_retries=0)
-
-    def post(self, path: str, body, headers: dict | None = None) -> tuple[int, dict]:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method="POST",
-                                     headers={"content-type": "application/json", **(headers or {})})
-        try:
-            with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
-
-    def get(self, path: str) -> str:
-        with urllib.request.urlopen(self.url + path, timeout=TIMEOUT) as r:
-            return r.read().decode()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait()
 
 
 @pytest.fixture(scope="module")

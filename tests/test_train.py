@@ -2,11 +2,11 @@
 
 import json
 import os
-import random
 import signal
 
 import pytest
 import torch
+from train_support import one_thread, write_chats  # noqa: F401
 
 from eagle_trt.convert.attach import attach_eagle3
 from eagle_trt.convert.data import build_dataset, chunk, read_records
@@ -16,27 +16,13 @@ from eagle_trt.convert.load_target import load_target
 from eagle_trt.convert.train import (TrainConfig, TrainingInterrupted, batch_order, build_feature_cache,
                                      read_checkpoint, train_head)
 
-WORDS = "the cat sat on a mat and then ran to the big red house where a dog slept all day".split()
 AUX = [1, 3, 4]  # modelopt's default for the tiny model's 8 layers
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
 def chats(tmp_path_factory):
-    rng = random.Random(0)
-    path = tmp_path_factory.mktemp("data") / "chats.jsonl"
-    with path.open("w") as f:
-        for _ in range(30):
-            q = " ".join(rng.choice(WORDS) for _ in range(6))
-            a = " ".join(rng.choice(WORDS) for _ in range(24))
-            f.write(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}) + "\n")
+    path = write_chats(tmp_path_factory.mktemp("data") / "chats.jsonl", [24] * 30)
+    with path.open("a") as f:
         f.write(json.dumps({"prompt": "the big red house", "response": "a dog slept"}) + "\n")
     return path
 
