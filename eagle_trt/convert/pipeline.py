@@ -205,28 +205,12 @@ def convert_model(
         attach_and_train(model, tokenizer, info, None, stages, work, train_options, draft_vocab_size,
                          _eos_ids(model, tokenizer))
         return ConvertResult(out, out / "target", out / "draft", {"rank": world.rank, "world_size": world.size})
-    report = None
-    with staged_output(out, overwrite) as stage:
-        with stages.stage("export_target", "Writing target model"):
-            # Before attaching: the target must be saved without eagle_module and under its
-            # own class name, and this way needs no second copy of the weights.
-            write_target(model, tokenizer, stage / "target", max_shard_bytes)
-            if info.format == "gguf":  # the file's own blocks too, for `build` with weights: auto
-                keep_blocks(Path(info.path), stage / "target")
-        if head is not None:
-            del model  # what follows reads the written checkpoint: never two copies of the weights at once
-            gc.collect()
-            manifest = _ship_head(stage, tokenizer, info, Path(head), stages, calibrate_kv)
-        else:
-            eos = _eos_ids(model, tokenizer)
-            trained = attach_and_train(model, tokenizer, info, stage, stages, work, train_options,
-                                       draft_vocab_size, eos)
-            del model
-            gc.collect()
-            manifest, report = _check_head(stage, tokenizer, stages, _draft_manifest(info, steps, *trained),
-                                           validate=train and validate, calibrate_kv=calibrate_kv,
-                                           val_max_new_tokens=val_max_new_tokens)
-        write_manifest(stage, manifest)
+    loaded = [model]
+    del model  # _write_checkpoint holds the only reference: it releases the weights before reading the checkpoint
+    manifest, report = _write_checkpoint(out, overwrite, stages, loaded, tokenizer, info, dict(
+        max_shard_bytes=max_shard_bytes, head=head, calibrate_kv=calibrate_kv, work=work, train_options=train_options,
+        draft_vocab_size=draft_vocab_size, steps=steps, validate=bool(train and validate),
+        val_max_new_tokens=val_max_new_tokens))
     if train and work_dir is None:
         shutil.rmtree(work, ignore_errors=True)  # the default work dir only serves resume after a Ctrl-C
     summary = {"output_dir": str(out), "target_dir": str(out / "target"), "draft_dir": str(out / "draft"),
@@ -234,6 +218,36 @@ def convert_model(
     if report is not None:
         summary["validation"] = report["validation"]
     return ConvertResult(out, out / "target", out / "draft", summary)
+
+
+def _write_checkpoint(out: Path, overwrite: bool, stages: Stages, loaded: list, tokenizer, info, o: dict):
+    """OUT written atomically: the target (and a GGUF's own blocks), then the head shipped from o["head"] or attached,
+    trained and checked; (manifest, validation report or None). `loaded` holds the loaded model, the only reference
+    to it: taken out here, its weights are released before the head's checks read the written checkpoint."""
+    model = loaded.pop()
+    report = None
+    with staged_output(out, overwrite) as stage:
+        with stages.stage("export_target", "Writing target model"):
+            # Before attaching: the target must be saved without eagle_module and under its
+            # own class name, and this way needs no second copy of the weights.
+            write_target(model, tokenizer, stage / "target", o["max_shard_bytes"])
+            if info.format == "gguf":  # the file's own blocks too, for `build` with weights: auto
+                keep_blocks(Path(info.path), stage / "target")
+        if o["head"] is not None:
+            del model  # what follows reads the written checkpoint: never two copies of the weights at once
+            gc.collect()
+            manifest = _ship_head(stage, tokenizer, info, Path(o["head"]), stages, o["calibrate_kv"])
+        else:
+            eos = _eos_ids(model, tokenizer)
+            trained = attach_and_train(model, tokenizer, info, stage, stages, o["work"], o["train_options"],
+                                       o["draft_vocab_size"], eos)
+            del model
+            gc.collect()
+            manifest, report = _check_head(stage, tokenizer, stages, _draft_manifest(info, o["steps"], *trained),
+                                           validate=o["validate"], calibrate_kv=o["calibrate_kv"],
+                                           val_max_new_tokens=o["val_max_new_tokens"])
+        write_manifest(stage, manifest)
+    return manifest, report
 
 
 def _world(train: bool, batch_size: int) -> World:

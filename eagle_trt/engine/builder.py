@@ -108,16 +108,7 @@ def build_engine(
     cfg = cfg.with_dtype(bf16_is_fast)
     warnings = check_backend(cfg)
     plan = inspect_checkpoint(cfg, ckpt)
-    eos_warning = disagreement(ckpt / "target")
-    warnings = warnings + ([eos_warning] if eos_warning else [])
-    if cfg.backend == "trtllm":
-        trtllm_bundle.check_trtllm_family(plan.target_info["architecture"], plan.head_kind)
-        if plan.engine_draft_config.get("norm_before_residual"):
-            # TensorRT-LLM's EAGLE-3 layer takes the raw feature as the residual: it would run another head
-            raise ConfigError(f"{ckpt}/draft/config.json: norm_before_residual is true (the layer's residual is the "
-                              "normed feature), which TensorRT-LLM does not compute; build this head with backend torch")
-        warnings = trtllm_bundle.check_trtllm_head(cfg, plan.head_kind) + warnings
-        warnings += trtllm_bundle.check_trtllm_parallel(cfg, plan.target_config, plan.engine_draft_config)
+    warnings = _checkpoint_warnings(cfg, ckpt, plan, warnings)
     resolved = cfg.model_copy(
         update={
             "checkpoint_dir": str(ckpt),
@@ -157,6 +148,23 @@ def build_engine(
     total = sum(v.bytes for v in manifest.files.values())
     summary.message = f"built '{out}' ({len(manifest.files)} files, {total / 2**20:.1f} MiB, {cfg.dtype})"
     return summary
+
+
+def _checkpoint_warnings(cfg: EagleConfig, ckpt: Path, plan, warnings: list[str]) -> list[str]:
+    """`warnings` and what this checkpoint's files and the backend make of each other: end tokens the files disagree
+    on (a warning), and for TensorRT-LLM the family, the head and the parallel layout (refused with a ConfigError,
+    or warned about)."""
+    eos_warning = disagreement(ckpt / "target")
+    warnings = warnings + ([eos_warning] if eos_warning else [])
+    if cfg.backend == "trtllm":
+        trtllm_bundle.check_trtllm_family(plan.target_info["architecture"], plan.head_kind)
+        if plan.engine_draft_config.get("norm_before_residual"):
+            # TensorRT-LLM's EAGLE-3 layer takes the raw feature as the residual: it would run another head
+            raise ConfigError(f"{ckpt}/draft/config.json: norm_before_residual is true (the layer's residual is the "
+                              "normed feature), which TensorRT-LLM does not compute; build this head with backend torch")
+        warnings = trtllm_bundle.check_trtllm_head(cfg, plan.head_kind) + warnings
+        warnings += trtllm_bundle.check_trtllm_parallel(cfg, plan.target_config, plan.engine_draft_config)
+    return warnings
 
 
 def bf16_is_fast() -> bool:
