@@ -18,7 +18,7 @@ from eagle_trt.models.native.block_gemm import BlockProjection, pack
 from native_support import builds
 from test_native_blocks import random_blocks
 
-FORMATS = ["q8_0", "q4_0", "q4_k", "q6_k"]
+FORMATS = ["q8_0", "q4_0", "q5_0", "q4_k", "q6_k"]
 
 
 @functools.cache
@@ -115,7 +115,7 @@ def test_within_the_quantization_bound_of_the_fp32_product(fmt):
     y = BlockProjection(lib, w, "int8")(x).double()
     wf = bw.dequantize(w).double()
     exact = x.double() @ wf.t()
-    block = 256 if fmt in ("q4_k", "q6_k") else 32
+    block = 256 if fmt in ("q4_k", "q6_k") else 32  # the activation blocks
     amax = x.double().abs().reshape(4, -1, block).amax(-1)  # [M, blocks]
     wsum = wf.abs().reshape(64, -1, block).sum(-1)  # [N, blocks]
     bound = 1.001 * (amax / 254) @ wsum.t() + 1e-5 * (x.double().abs() @ wf.abs().t())

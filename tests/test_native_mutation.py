@@ -85,7 +85,7 @@ def test_the_block_projections_checks_catch_it(tiny_model_dir, mutants):
     assert not verify_equals_decode(block_target(tiny_model_dir, fp32, NativeKernels(mutants["GEMM"], fp32), "q8_0"))
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q5_0", "q4_k", "q6_k"])
 def test_the_int8_block_projections_checks_catch_it(tiny_model_dir, mutants, fmt):
     """The int8 block kernel under the same define rounds the last row's block step apart (product, then sum): its
     row check fails for every format, and so does an int8 block target's verify-equals-decode."""

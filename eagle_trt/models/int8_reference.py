@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import torch
 
 from eagle_trt.models.block_weights import BlockWeight
-from eagle_trt.quant_blocks import _f16, _nibbles, _scale_min_k4
+from eagle_trt.quant_blocks import _f16, _high_bits, _nibbles, _scale_min_k4
 
-FORMATS = ("q8_0", "q4_0", "q4_k", "q6_k")
+FORMATS = ("q8_0", "q4_0", "q5_0", "q4_k", "q6_k")
 # Weights per activation block (Q32 or Q256) and per scaled sub-block of each format.
-ACT_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_k": 256, "q6_k": 256}
-SUB = {"q8_0": 32, "q4_0": 32, "q4_k": 32, "q6_k": 16}
+ACT_BLOCK = {"q8_0": 32, "q4_0": 32, "q5_0": 32, "q4_k": 256, "q6_k": 256}
+SUB = {"q8_0": 32, "q4_0": 32, "q5_0": 32, "q4_k": 32, "q6_k": 16}
 
 
 def supports(w: BlockWeight) -> bool:
@@ -41,7 +41,7 @@ def quantize(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
 @dataclass(frozen=True)
 class _Codes:
     """One segment's weights as integers: q [N, K] with the format's offset removed (q8_0's signed codes, q4_0's
-    q - 8, q6_k's q - 32; q4_k's raw codes), d [N, blocks], sc [N, K / SUB] (1 for q8_0/q4_0), and q4_k's dmin
+    q - 8, q5_0's q - 16, q6_k's q - 32; q4_k's raw codes), d [N, blocks], sc [N, K / SUB] (1 for q8_0/q4_0), and q4_k's dmin
     [N, blocks] and m [N, K / 32]."""
 
     format: str
@@ -59,6 +59,8 @@ def _codes(fmt: str, data: torch.Tensor, k: int) -> _Codes:
         q, d, sc = b[:, 2:34].view(torch.int8).to(torch.int32), _f16(b, 0), None
     elif fmt == "q4_0":
         q, d, sc = _nibbles(b[:, 2:18], 16) - 8, _f16(b, 0), None
+    elif fmt == "q5_0":
+        q, d, sc = (_nibbles(b[:, 6:22], 16) | (_high_bits(b[:, 2:6], 32) << 4)) - 16, _f16(b, 0), None
     elif fmt == "q4_k":
         sc, mn = _scale_min_k4(b[:, 4:16])
         q = _nibbles(b[:, 16:144], 32)

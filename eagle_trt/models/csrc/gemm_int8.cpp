@@ -91,6 +91,38 @@ void group_q4_0(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool pert
     }
 }
 
+// q5_0's code vectors j (k = 4j + t) and j + 4 (k = 16 + 4j + t): nibbles, and the fifth bit moved to bit 4 of each
+// byte by a 32-bit shift (bits that cross a byte are masked off).
+template <int j>
+inline void q5_codes(v16u v, v16u h, v16u& lo, v16u& hi) {
+    lo = (v & 0x0F0F0F0Fu) | ((h << (4 - j)) & 0x10101010u);
+    hi = ((v >> 4) & 0x0F0F0F0Fu) | ((h >> j) & 0x10101010u);
+}
+
+template <int R, int j>
+inline void q5_quad(const uint8_t* g, const QRow* q, int64_t b, v16i* dot) {
+    v16u lo, hi;
+    q5_codes<j>(load_quads(g + 32 + 64 * j), load_quads(g + 288), lo, hi);
+    for (int r = 0; r < R; ++r) {
+        dot[r] = dot4(dot[r], lo, load_quad(q[r].a + 32 * b + 4 * j));
+        dot[r] = dot4(dot[r], hi, load_quad(q[r].a + 32 * b + 16 + 4 * j));
+    }
+}
+
+template <int R>
+void group_q5_0(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool perturb) {
+    for (int64_t b = 0; b < K / 32; ++b, g += 352) {
+        v16i dot[R] = {};
+        q5_quad<R, 0>(g, q, b, dot);
+        q5_quad<R, 1>(g, q, b, dot);
+        q5_quad<R, 2>(g, q, b, dot);
+        q5_quad<R, 3>(g, q, b, dot);
+        const v16f d = halves16(g);
+        for (int r = 0; r < R; ++r)
+            acc[r] = step(d * q[r].d[b], dot[r] - 16 * q[r].s[b], acc[r], perturb && r == R - 1);
+    }
+}
+
 template <int R>
 void group_q4_k(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool perturb) {
     for (int64_t b = 0; b < K / 256; ++b, g += 2368) {
@@ -168,6 +200,7 @@ void group_dot(int64_t format, const uint8_t* g, int64_t K, const QRow* q, v16f*
     switch (format) {
         case kQ8_0: group_q8_0<R>(g, K, q, acc, perturb); break;
         case kQ4_0: group_q4_0<R>(g, K, q, acc, perturb); break;
+        case kQ5_0: group_q5_0<R>(g, K, q, acc, perturb); break;
         case kQ4_K: group_q4_k<R>(g, K, q, acc, perturb); break;
         default: group_q6_k<R>(g, K, q, acc, perturb); break;
     }
@@ -179,6 +212,8 @@ constexpr GroupFn kTable[kRows] = {group_dot<1>, group_dot<2>, group_dot<3>, gro
 #else
 constexpr GroupFn kTable[kRows] = {group_dot<1>, group_dot<2>};
 #endif
+
+inline bool is_q32(int64_t format) { return format == kQ8_0 || format == kQ4_0 || format == kQ5_0; }
 
 inline int64_t pad64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
@@ -245,7 +280,7 @@ int int8_gemm(const T* x, const uint8_t* w, T* out, int64_t M, int64_t K, int64_
     bool need32 = false, need256 = false;
     int64_t groups = 0;
     for (int64_t s = 0; s < n; ++s) {
-        (seg[s].format == kQ8_0 || seg[s].format == kQ4_0 ? need32 : need256) = true;
+        (is_q32(seg[s].format) ? need32 : need256) = true;
         groups += (seg[s].rows + kGroup - 1) / kGroup;
     }
     QRow* rows = nullptr;
@@ -266,7 +301,7 @@ int int8_gemm(const T* x, const uint8_t* w, T* out, int64_t M, int64_t K, int64_
                 n0 += seg[s].rows;
                 ++s;
             }
-            const QRow* q = seg[s].format == kQ8_0 || seg[s].format == kQ4_0 ? rows : rows + M;
+            const QRow* q = is_q32(seg[s].format) ? rows : rows + M;
             run_group(w, seg[s], gi - first, n0 + (gi - first) * kGroup, q, M, K, N, out);
         }
     }

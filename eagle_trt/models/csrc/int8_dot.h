@@ -4,7 +4,7 @@
 //   3: AVX512-VNNI, one zmm vpdpbusd (no saturation: it sums in int32).
 //   2: AVX-VNNI, two ymm VEX vpdpbusd.
 //   1: AVX2, two ymm vpmaddubsw + vpmaddwd: vpmaddubsw adds two u8 * s8 products into an int16 with saturation;
-//      here u <= 63 (q4 codes <= 15, q6 codes <= 63) and |a| <= 127, so a pair is at most 2 * 63 * 127 = 16002 <
+//      here u <= 63 (q4 codes <= 15, q5 codes <= 31, q6 codes <= 63) and |a| <= 127, so a pair is at most 2 * 63 * 127 = 16002 <
 //      32767: never saturated. q8_0's weights are signed (stored + 128, up to 255: a pair could reach 64770), so
 //      dot_q8 takes |w| and a with w's sign instead: |w| <= 128, |a| <= 127, a pair <= 2 * 128 * 127 = 32512.
 //   0: scalar (a build without AVX2; the engine does not run it, it keeps the library whole).

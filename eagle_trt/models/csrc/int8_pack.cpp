@@ -55,6 +55,16 @@ void repack_block(int64_t format, const uint8_t* const* src, int valid, uint8_t*
                     const uint8_t q = b[2 + 4 * j + t];
                     dst[32 + 64 * j + 4 * r + t] = format == kQ8_0 ? static_cast<uint8_t>(q ^ 0x80) : q;
                 }
+        } else if (format == kQ5_0) {
+            std::memcpy(dst + 2 * r, b, 2);
+            uint32_t qh;
+            std::memcpy(&qh, b + 2, 4);
+            for (int j = 0; j < 4; ++j)
+                for (int t = 0; t < 4; ++t) {
+                    dst[32 + 64 * j + 4 * r + t] = b[6 + 4 * j + t];
+                    dst[288 + 4 * r + t] |= static_cast<uint8_t>((((qh >> (4 * j + t)) & 1) << j) |
+                                                                 (((qh >> (16 + 4 * j + t)) & 1) << (4 + j)));
+                }
         } else if (format == kQ4_K) {
             std::memcpy(dst + 2 * r, b, 2);
             std::memcpy(dst + 32 + 2 * r, b + 2, 2);
