@@ -128,17 +128,20 @@ void group_q4_k(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool pert
     for (int64_t b = 0; b < K / 256; ++b, g += 2368) {
         v16i I[R] = {}, J[R] = {};
         for (int c = 0; c < 4; ++c) {
-            v16i lo_dot[R] = {}, hi_dot[R] = {};
+            // P chains a sum where few rows leave the dot products' latency exposed (integer sums: any order).
+            constexpr int P = R <= 2 ? 2 : 1;
+            v16i lo_dot[R][P] = {}, hi_dot[R][P] = {};
             for (int j = 0; j < 8; ++j) {
                 const v16u v = load_quads(g + 320 + 512 * c + 64 * j), lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
                 for (int r = 0; r < R; ++r) {
                     const int8_t* a = q[r].a + 256 * b + 64 * c + 4 * j;
-                    lo_dot[r] = dot4(lo_dot[r], lo, load_quad(a));
-                    hi_dot[r] = dot4(hi_dot[r], hi, load_quad(a + 32));
+                    lo_dot[r][j % P] = dot4(lo_dot[r][j % P], lo, load_quad(a));
+                    hi_dot[r][j % P] = dot4(hi_dot[r][j % P], hi, load_quad(a + 32));
                 }
             }
             const v16i s_lo = u8_lanes(g + 64 + 32 * c), s_hi = u8_lanes(g + 80 + 32 * c);
-            for (int r = 0; r < R; ++r) I[r] += s_lo * lo_dot[r] + s_hi * hi_dot[r];
+            for (int r = 0; r < R; ++r)
+                for (int p = 0; p < P; ++p) I[r] += s_lo * lo_dot[r][p] + s_hi * hi_dot[r][p];
         }
         for (int p = 0; p < 4; ++p) {
             const v16i m = u8_pairs(g + 192 + 32 * p);

@@ -103,22 +103,59 @@ inline int32_t load_quad(const int8_t* p) {
     return v;
 }
 
-inline v16i u8_lanes(const uint8_t* p) { return __builtin_convertvector(load16(p), v16i); }
+// 16 bytes -> 16 int32 lanes, zero- or sign-extended (GCC's generic conversion of a byte vector is scalar code, so
+// the vector builds say it with intrinsics).
+inline v16i u8_lanes(const uint8_t* p) {
+#if defined(__AVX512F__)
+    return reinterpret_cast<v16i>(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(__AVX2__)
+    const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
+    v16i r;
+    std::memcpy(&r, &lo, 32);
+    std::memcpy(reinterpret_cast<char*>(&r) + 32, &hi, 32);
+    return r;
+#else
+    return __builtin_convertvector(load16(p), v16i);
+#endif
+}
 
 inline v16i s8_lanes(const uint8_t* p) {
+#if defined(__AVX512F__)
+    return reinterpret_cast<v16i>(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(__AVX2__)
+    const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
+    v16i r;
+    std::memcpy(&r, &lo, 32);
+    std::memcpy(reinterpret_cast<char*>(&r) + 32, &hi, 32);
+    return r;
+#else
     v16s8 v;
     std::memcpy(&v, p, 16);
     return __builtin_convertvector(v, v16i);
+#endif
 }
 
 // 16 rows' (m_2p, m_2p+1) byte pairs -> one lane of two int16 per row.
 inline v16i u8_pairs(const uint8_t* p) {
+#if defined(__AVX512BW__)
+    return reinterpret_cast<v16i>(_mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+#elif defined(__AVX2__)
+    const __m256i lo = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i hi = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+    v16i r;
+    std::memcpy(&r, &lo, 32);
+    std::memcpy(reinterpret_cast<char*>(&r) + 32, &hi, 32);
+    return r;
+#else
     v32u8 v;
     std::memcpy(&v, p, 32);
     const v32i16 w = __builtin_convertvector(v, v32i16);
     v16i r;
     std::memcpy(&r, &w, 64);
     return r;
+#endif
 }
 
 // 16 fp16 -> fp32, exact.
