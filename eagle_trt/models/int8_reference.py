@@ -41,8 +41,8 @@ def quantize(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
 @dataclass(frozen=True)
 class _Codes:
     """One segment's weights as integers: q [N, K] with the format's offset removed (q8_0's signed codes, q4_0's
-    q - 8, q5_0's q - 16, q6_k's q - 32; q4_k's raw codes), d [N, blocks], sc [N, K / SUB] (1 for q8_0/q4_0), and q4_k's dmin
-    [N, blocks] and m [N, K / 32]."""
+    q - 8, q5_0's q - 16, q6_k's q - 32; q4_k's raw codes), d [N, blocks], sc [N, K / SUB] (1 for the 32-blocks),
+    and q4_k's dmin [N, blocks] and m [N, K / 32]."""
 
     format: str
     q: torch.Tensor

@@ -5,12 +5,12 @@
 `EAGLE_TRT_ISA` is `native` (the default: `-march=native`, AMX where the CPU grants it), `amx` (the same build, and
 an error unless the kernels then run AMX), `avx512` (this CPU's instructions without AMX), `avx2`
 (`-march=x86-64-v3`: AVX2 + FMA, no AVX-512, no AMX) or `avxvnni` (`avx2` plus AVX-VNNI, the 256-bit integer dot
-product the int8 block projections use where a CPU has it without AVX-512). A forced ISA also hides the hardware bf16 units from
-`bf16_hardware` (the torch reference's oneDNN bf16 path), so the whole engine behaves as it would on a CPU that has
-only those instructions. A value that is not one of these, or names instructions this CPU lacks, is an InputError
-(exit 2) that names the valid values and what this CPU has: there is no silent fallback to other kernels. For
-torch's own kernels set `ATEN_CPU_CAPABILITY=avx2` and `ONEDNN_MAX_CPU_ISA=AVX2` beside it. Pure logic: no compiler,
-no library.
+product the int8 block projections use where a CPU has it without AVX-512). A forced ISA also hides the hardware
+bf16 units from `bf16_hardware` (the torch reference's oneDNN bf16 path), so the whole engine behaves as it would on
+a CPU that has only those instructions. A value that is not one of these, or names instructions this CPU lacks, is
+an InputError (exit 2) that names the valid values and what this CPU has: there is no silent fallback to other
+kernels. For torch's own kernels set `ATEN_CPU_CAPABILITY=avx2` and `ONEDNN_MAX_CPU_ISA=AVX2` beside it. Pure logic: no
+compiler, no library.
 """
 
 from __future__ import annotations

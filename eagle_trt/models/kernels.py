@@ -51,7 +51,8 @@ def unfit(spec) -> str | None:
     return None
 
 
-def choose_kernels(dtype: torch.dtype, spec, device: torch.device | str = "cpu", block_compute: str = "float") -> Kernels:
+def choose_kernels(dtype: torch.dtype, spec, device: torch.device | str = "cpu",
+                   block_compute: str = "float") -> Kernels:
     """The kernels for a target of this dtype and layer shape (an EAGLE-3 head takes its target's: see
     `Eagle3DraftHead`); block_compute: how block weights compute (float or int8, the engine's `block_compute`)."""
     device = torch.device(device)
