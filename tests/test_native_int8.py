@@ -143,3 +143,17 @@ def test_mixed_segments_and_the_float_fallback(name):
     with pytest.raises(ValueError, match="int8 activations take"):
         int8_gemm.pack(lib, mixed)
     assert not torch.equal(p.w, pack(parts[0]))
+
+
+def test_the_reference_kernels_store_and_restore_int8_blocks():
+    """The torch reference with block_compute int8 keeps the GGUF rows in the weight cache and restores the same
+    projection (no compiled kernels needed)."""
+    from eagle_trt.models.reference import TorchKernels
+
+    kernels = TorchKernels(torch.float32, block_compute="int8")
+    w = bw.projection_weight([random_blocks("q4_k", 16, 256, 1), random_blocks("q6_k", 8, 256, 2)])
+    proj = kernels.projection(w)
+    again = kernels.projection_from_state(*kernels.projection_state(proj))
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(0))
+    assert isinstance(again, Int8Reference) and torch.equal(again(x), proj(x))
+    assert kernels.cache_key == "torch-float32-int8" and TorchKernels(torch.float32).cache_key == "torch-float32"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from eagle_trt.models.block_weights import BlockWeight
+from eagle_trt.models.block_weights import BlockWeight, Segment
 from eagle_trt.quant_blocks import _f16, _high_bits, _nibbles, _scale_min_k4
 
 FORMATS = ("q8_0", "q4_0", "q5_0", "q4_k", "q6_k")
@@ -129,3 +129,17 @@ class Int8Reference:
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
         return self(x).argmax(dim=-1)
+
+    # ---- the runtime weight cache: the segments' GGUF rows, one after another -----------------------------------
+    def state(self) -> tuple[torch.Tensor, dict]:
+        buf = torch.cat([s.data.reshape(-1) for s in self.blocks.segments])
+        segs = [[s.format, s.rows, s.data.shape[1]] for s in self.blocks.segments]
+        return buf, {"in": self.in_features, "out": self.out_features, "int8_segments": segs}
+
+    @classmethod
+    def from_state(cls, buf: torch.Tensor, meta: dict) -> "Int8Reference":
+        segs, at = [], 0
+        for fmt, rows, row_bytes in meta["int8_segments"]:
+            segs.append(Segment(fmt, buf[at:at + rows * row_bytes].view(rows, row_bytes)))
+            at += rows * row_bytes
+        return cls(BlockWeight(tuple(segs), meta["in"]))

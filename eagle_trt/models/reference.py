@@ -18,7 +18,6 @@ import torch
 
 from eagle_trt.models import int8_reference
 from eagle_trt.models.block_weights import BlockReference, BlockWeight
-from eagle_trt.models.native import block_gemm
 from eagle_trt.models.kernel_api import HeadStack, Kernels, TargetStack
 from eagle_trt.models.gemm import INVARIANT_ROWS, Projection, bf16_hardware, prepack_enabled
 from eagle_trt.models.layers import Rope, additive_mask, attention, attention_fp64, rms_norm, swiglu_mlp
@@ -144,13 +143,13 @@ class TorchKernels:
         # A block weight's reference is its de-quantized fp32 [in, out] weight (gguf-py's values), or for int8 its
         # blocks as the kernels' buffer holds them.
         if isinstance(proj, int8_reference.Int8Reference):
-            return block_gemm.pack(proj.blocks), {"in": proj.in_features, "out": proj.out_features, "blocks": True}
+            return proj.state()
         return proj.w, {"in": proj.in_features, "out": proj.out_features,
                         **({"dequantized": True} if isinstance(proj, BlockReference) else {})}
 
     def projection_from_state(self, w: torch.Tensor, meta: dict):
-        if meta.get("blocks"):
-            return int8_reference.Int8Reference(block_gemm.unpack(w))
+        if meta.get("int8_segments"):
+            return int8_reference.Int8Reference.from_state(w, meta)
         if meta.get("dequantized"):
             return BlockReference.from_dequantized(w)
         return Projection(w)

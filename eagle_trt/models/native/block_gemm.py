@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from eagle_trt.models.block_weights import FORMATS, BlockWeight, Segment
+from eagle_trt.models.block_weights import FORMATS, BlockWeight
 from eagle_trt.models.native import int8_gemm, ops
 
 MAGIC = 0x314B4C4250525445  # "ETRPBLK1" little-endian (kMagic in csrc/gemm_blocks.cpp)
@@ -43,19 +43,6 @@ def pack(w: BlockWeight) -> torch.Tensor:
         at = header[8 + 4 * i + 3]
         buf[at:at + s.data.numel()] = s.data.reshape(-1)
     return buf
-
-
-def unpack(buf: torch.Tensor) -> BlockWeight:
-    """The block weight a `pack` buffer holds (its segments are views of the buffer: nothing is copied)."""
-    words = header_of(buf)
-    if words[0] != MAGIC:
-        raise ValueError("not a GGUF-layout block buffer")
-    names = {v: k for k, v in FORMATS.items()}
-    segs = []
-    for i in range(words[3]):
-        fmt, rows, row_bytes, at = words[8 + 4 * i: 12 + 4 * i]
-        segs.append(Segment(names[fmt], buf[at:at + rows * row_bytes].view(rows, row_bytes)))
-    return BlockWeight(tuple(segs), words[1])
 
 
 def header_of(buf: torch.Tensor) -> list[int]:
