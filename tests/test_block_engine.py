@@ -49,6 +49,7 @@ def test_the_engine_says_how_its_weights_are_stored(engine):
     assert r.exit_code == 0, r.output
     manifest = json.loads(r.output)
     assert (manifest["weights"], manifest["draft_weights"]) == ("q4_0", "q8_0")
+    assert manifest["block_compute"] == "int8"  # auto: int8 activations
     table = json.loads((engine / "target" / "blocks.json").read_text())["tensors"]
     assert table["lm_head.weight"] == {"format": "q4_0", "shape": [260, 64]}
     assert len(table) == 8 * 7 + 1  # every projection of the 8 layers and the LM head
@@ -56,6 +57,7 @@ def test_the_engine_says_how_its_weights_are_stored(engine):
     assert r.exit_code == 0, r.output
     metrics = json.loads(r.output)["metrics"]
     assert (metrics["weights"], metrics["draft_weights"], metrics["lossless"]) == ("q4_0", "q8_0", True)
+    assert metrics["block_compute"] == "int8"
 
 
 def test_speculative_equals_ar_of_the_quantized_engine(engine):
@@ -85,10 +87,12 @@ def test_the_batched_path_equals_each_request_alone(engine):
     assert [s.request.output for s in slots] == solo
 
 
-def test_the_avx2_build_on_blocks(tiny_model_dir, tiny_head_dir):
+@pytest.mark.parametrize("fmt, compute", [("q4_1", "float"), ("q4_0", "int8")])
+def test_the_avx2_build_on_blocks(tiny_model_dir, tiny_head_dir, fmt, compute):
     lib = lib_or_skip("avx2")
     fp32 = torch.float32
-    target = block_target(tiny_model_dir, fp32, NativeKernels(lib, fp32), "q4_1")
+    target = block_target(tiny_model_dir, fp32, NativeKernels(lib, fp32, block_compute=compute), fmt)
+    assert target.lm_head.compute == compute
     runner = Runner(target, Eagle3DraftHead.load(tiny_head_dir, target), capacity=256)
     for prompt in PROMPTS[:2]:
         ar = runner.generate(prompt, DecodeConfig(max_new_tokens=32, mode="ar", eos_token_ids=[])).token_ids
@@ -104,10 +108,12 @@ def test_a_draft_model_engine_quantized(tiny_model_dir, tmp_path):
     ckpt = tmp_path / "ckpt"
     r = cli.invoke(app, ["convert", str(tiny_model_dir), "--draft-model", str(draft), "--output", str(ckpt), "--json"])
     assert r.exit_code == 0, r.output
-    engine = build(ckpt, tmp_path / "engine", "weights: q8_0\ndraft_weights: q4_0\n")
+    # block_compute: float keeps the fp32 block path end to end (the default, auto, is int8).
+    engine = build(ckpt, tmp_path / "engine", "weights: q8_0\ndraft_weights: q4_0\nblock_compute: float\n")
     assert (engine / "draft" / "blocks.json").is_file()
     session = Session.open(engine)
-    assert session.runner.drafter.model.lm_head.kernel == 2
+    assert session.runner.drafter.model.lm_head.kernel == 2 and session.block_compute == "float"
+    assert session.runner.target.lm_head.compute == session.runner.drafter.model.lm_head.compute == "float"
     for prompt in PROMPTS:
         ar = session.runner.generate(prompt, DecodeConfig(max_new_tokens=30, mode="ar", eos_token_ids=[])).token_ids
         for tree in TREES[:2]:
@@ -128,6 +134,9 @@ def test_bad_weights_settings_are_one_line_errors(tiny_checkpoint, tmp_path):
     cfg.write_text(f"name: t\ncheckpoint_dir: {tiny_checkpoint}\nbackend: trtllm\nweights: q8_0\n")
     r = cli.invoke(app, ["build", "--config", str(cfg), "--output", str(tmp_path / "e"), "--dry-run"])
     assert r.exit_code == 2 and "weights q8_0 is for backend torch" in r.output
+    cfg.write_text(f"name: t\ncheckpoint_dir: {tiny_checkpoint}\nbackend: trtllm\nblock_compute: int8\n")
+    r = cli.invoke(app, ["build", "--config", str(cfg), "--output", str(tmp_path / "e"), "--dry-run"])
+    assert r.exit_code == 2 and "block_compute int8 is for backend torch" in r.output
 
 
 def test_tune_measures_the_quantized_engine_and_keys_its_choice_by_format(engine, tmp_path):

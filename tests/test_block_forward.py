@@ -29,13 +29,15 @@ def block_target(model_dir, dtype, kernels, fmt: str, tied: bool = False) -> Lla
     return LlamaTarget.from_state_dict(spec, w, dtype, kernels=kernels)
 
 
+@pytest.mark.parametrize("compute", ["float", "int8"])
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", build_names())
-def test_verify_forward_on_blocks_is_bit_identical_to_decoding(tiny_model_dir, name, dtype, fmt):
+def test_verify_forward_on_blocks_is_bit_identical_to_decoding(tiny_model_dir, name, dtype, fmt, compute):
     lib = lib_or_skip(name)
-    target = block_target(tiny_model_dir, DTYPES[dtype], NativeKernels(lib, DTYPES[dtype]), fmt)
+    target = block_target(tiny_model_dir, DTYPES[dtype], NativeKernels(lib, DTYPES[dtype], block_compute=compute), fmt)
     assert target.layers[0].qkv.kernel == 2 and target.lm_head.kernel == 2
+    assert target.lm_head.compute == compute
     assert verify_equals_decode(target, seed=1)
 
 
@@ -58,3 +60,20 @@ def test_native_blocks_compute_the_reference_model(tiny_model_dir, name):
     assert (a - b).abs().max().item() < 1e-4 * b.abs().max().item()
     # The reference's LM head is the de-quantized blocks of the tied embeddings, not the float table.
     assert not torch.equal(ref.lm_head.w, ref.embed.t())
+
+
+@pytest.mark.parametrize("name", build_names())
+def test_native_int8_blocks_compute_the_int8_reference_model(tiny_model_dir, name):
+    """With int8 activations the kernels and the reference (`Int8Reference`) compute the same integers; the model's
+    logits agree up to the attention's and the fma's rounding, and differ from the float mode's by more."""
+    lib = lib_or_skip(name)
+    fp32 = torch.float32
+    native = block_target(tiny_model_dir, fp32, NativeKernels(lib, fp32, block_compute="int8"), "q4_0", tied=True)
+    ref = block_target(tiny_model_dir, fp32, TorchKernels(fp32, block_compute="int8"), "q4_0", tied=True)
+    flt = block_target(tiny_model_dir, fp32, NativeKernels(lib, fp32), "q4_0", tied=True)
+    ids = torch.randint(0, native.spec.vocab_size, (20,), generator=torch.Generator().manual_seed(3))
+    a, _ = native.forward(ids, torch.arange(20), native.new_cache(32))
+    b, _ = ref.forward(ids, torch.arange(20), ref.new_cache(32))
+    c, _ = flt.forward(ids, torch.arange(20), flt.new_cache(32))
+    err = (a - b).abs().max().item()
+    assert err < 1e-4 * b.abs().max().item() and err < (a - c).abs().max().item()

@@ -77,7 +77,8 @@ def test_unknown_key(tmp_path):
     assert error_of(tmp_path, "draft_lenght: 4\n") == (
         "cfg.yaml: draft_lenght: unknown field; valid fields: tree, draft_length, beam_width, total_tokens, "
         "confidence_threshold, static_tree, lookup_tokens, lookup_branches, datastore_branches, max_verify_rows, "
-        "adaptive_lookup, name, checkpoint_dir, backend, trtllm_version, dtype, weights, draft_weights, kv_cache_dtype, "
+        "adaptive_lookup, name, checkpoint_dir, backend, trtllm_version, dtype, weights, block_compute, draft_weights, "
+        "kv_cache_dtype, "
         "draft, eagle_architecture, max_batch_size, max_input_len, max_output_len, tensor_parallel_size, "
         "pipeline_parallel_size"
     )

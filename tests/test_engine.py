@@ -31,8 +31,8 @@ def test_build_layout_and_manifest(cfg, ckpt, tmp_path):
     assert root.stat().st_mode & 0o777 == 0o755  # not mkdtemp's private 0700
     m = json.loads((root / "manifest.json").read_text())
     assert set(m) == {"format_version", "name", "backend", "created_by", "dtype", "weights", "draft_weights",
-                      "kv_cache_dtype", "tree_limits", "io_limits", "target", "draft", "files"}  # fmt: skip
-    assert (m["weights"], m["draft_weights"]) == ("float", "float")
+                      "block_compute", "kv_cache_dtype", "tree_limits", "io_limits", "target", "draft", "files"}  # fmt: skip
+    assert (m["weights"], m["draft_weights"], m["block_compute"]) == ("float", "float", "float")
     assert m["target"] == {"architecture": "LlamaForCausalLM", "hidden_size": 64, "num_layers": 8, "vocab_size": 260}
     assert m["draft"] == {"kind": "eagle3", "hidden_size": 64, "draft_vocab_size": 32, "aux_layer_ids": AUX}
     assert m["tree_limits"]["draft_length"] == 4 and m["io_limits"]["max_input_len"] == 512

@@ -112,8 +112,12 @@ def test_isa_switch(monkeypatch):
     assert isa.hides_bf16_hardware() and isa.hides_amx()
     monkeypatch.setenv("EAGLE_TRT_ISA", "avx512")
     assert not isa.hides_bf16_hardware() and isa.hides_amx() and "-mno-amx-tile" in isa.march_flags()
+    monkeypatch.setenv("EAGLE_TRT_ISA", "avxvnni")
+    monkeypatch.setattr(isa, "cpu_flags", lambda: {"avx2", "fma", "avx_vnni"})
+    assert "-mavxvnni" in isa.march_flags() and isa.hides_bf16_hardware() and isa.hides_amx()
+    monkeypatch.undo()
     monkeypatch.setenv("EAGLE_TRT_ISA", "sse2")
-    with pytest.raises(InputError, match=r"EAGLE_TRT_ISA='sse2': expected one of native, amx, avx512, avx2 \(this CPU "
+    with pytest.raises(InputError, match=r"EAGLE_TRT_ISA='sse2': expected one of native, amx, avx512, avxvnni, avx2 \(this CPU "
                                          r"has: "):
         isa.requested()
 
@@ -123,7 +127,7 @@ def test_isa_switch(monkeypatch):
      "EAGLE_TRT_ISA='amx': this CPU lacks amx_tile, amx_bf16 (it has: avx512, avx2)"),
     ("avx512", {"avx2", "fma"}, "EAGLE_TRT_ISA='avx512': this CPU lacks avx512f, avx512bw, avx512vl, avx512dq "
                                 "(it has: avx2)"),
-    ("bogus", {"avx2", "fma"}, "EAGLE_TRT_ISA='bogus': expected one of native, amx, avx512, avx2 (this CPU has: avx2)"),
+    ("bogus", {"avx2", "fma"}, "EAGLE_TRT_ISA='bogus': expected one of native, amx, avx512, avxvnni, avx2 (this CPU has: avx2)"),
 ])
 def test_an_isa_this_cpu_lacks_is_an_input_error(monkeypatch, value, flags, message):
     monkeypatch.setenv("EAGLE_TRT_ISA", value)

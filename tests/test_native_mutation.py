@@ -83,3 +83,23 @@ def test_the_block_projections_checks_catch_it(tiny_model_dir, mutants):
     assert torch.equal(together[:8], alone[:8]) and not torch.equal(together[8], alone[8])
     fp32 = torch.float32
     assert not verify_equals_decode(block_target(tiny_model_dir, fp32, NativeKernels(mutants["GEMM"], fp32), "q8_0"))
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q5_0", "q4_k", "q6_k"])
+def test_the_int8_block_projections_checks_catch_it(tiny_model_dir, mutants, fmt):
+    """The int8 block kernel under the same define rounds the last row's block step apart (product, then sum): its
+    row check fails for every format, and so does an int8 block target's verify-equals-decode."""
+    from eagle_trt.models.native.block_gemm import BlockProjection
+    from test_block_forward import block_target
+    from test_native_blocks import random_blocks
+
+    w = random_blocks(fmt, 96, 512, seed=0)
+    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(1))
+    proj = BlockProjection(mutants["GEMM"], w, "int8")
+    together = proj(x)
+    alone = torch.cat([proj(x[i:i + 1]) for i in range(9)])
+    assert torch.equal(together[:8], alone[:8]) and not torch.equal(together[8], alone[8])
+    if fmt == "q4_0":
+        fp32 = torch.float32
+        kernels = NativeKernels(mutants["GEMM"], fp32, block_compute="int8")
+        assert not verify_equals_decode(block_target(tiny_model_dir, fp32, kernels, "q4_0"))

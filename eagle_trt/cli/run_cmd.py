@@ -121,6 +121,7 @@ def _run(engine, prompt: str, request: dict, *, chat: bool, json_out: bool, skip
     metrics["kernels"] = session.kernels
     metrics["weights"] = session.weights
     metrics["draft_weights"] = session.draft_weights if opts.mode == "eagle" else None
+    metrics["block_compute"] = session.block_compute
     metrics["drafter"] = session.draft_kind if opts.mode == "eagle" else None
     if json_out:
         print_json({"text": text, "token_ids": result.token_ids, "prompt_token_ids": ids,
@@ -159,7 +160,7 @@ def metrics_table(m: dict) -> Table:
     if m.get("kernels"):
         table.add_row("kernels", m["kernels"])
     if m.get("weights"):
-        table.add_row("weights", m["weights"])
+        table.add_row("weights", m["weights"] + (f" ({m['block_compute']})" if m.get("block_compute") else ""))
     table.add_row("tokens/s", f"{m['tokens_per_second']:.2f}")
     tau = m["acceptance_length"]
     table.add_row("acceptance length τ", "not reported" if tau is None else f"{tau:.2f}")

@@ -100,6 +100,15 @@ class EagleConfig(TreeSettings):
         "projections (or the torch reference over gguf-py's de-quantized values); lossless against plain decoding of "
         "the same engine. Backend torch only.",
     )
+    block_compute: Literal["auto", "int8", "float"] = Field(
+        "auto",
+        description="How block weights (weights or draft_weights in GGUF blocks) compute on the CPU kernels. int8: "
+        "each activation row quantized row-locally to int8 blocks and integer block dot products (llama.cpp's "
+        "method; q8_0, q4_0, q4_k and q6_k weights, the others compute in float); float: each weight row "
+        "de-quantized to fp32 and fp32 products. Both are lossless against plain decoding of the same engine (their "
+        "texts differ slightly). auto: int8, the faster (docs/bench.md). `build` records the result. Backend torch "
+        "only.",
+    )
     draft_weights: Literal["float", "q8_0", "q4_k", "q4_0", "q4_1", "q5_0", "q5_1"] = Field(
         "float",
         description="How the draft's projections are stored: an EAGLE-3 head's (fc, its layer, its own LM head) or a "
@@ -180,6 +189,9 @@ class EagleConfig(TreeSettings):
         if self.backend == "trtllm" and self.draft_weights != "float":
             raise _cross(f"draft_weights {self.draft_weights} is for backend torch (its CPU kernels); set "
                          "draft_weights: float")
+        if self.backend == "trtllm" and self.block_compute != "auto":
+            raise _cross(f"block_compute {self.block_compute} is for backend torch (its CPU kernels); set "
+                         "block_compute: auto")
         if self.backend == "trtllm" and self.weights not in ("float", "auto"):
             raise _cross(f"weights {self.weights} is for backend torch (its CPU kernels); TensorRT-LLM takes float "
                          "weights: set weights: float")

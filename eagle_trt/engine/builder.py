@@ -279,6 +279,7 @@ def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path, max_shard_
         dtype=cfg.dtype,
         weights=_weights_summary(blocks),
         draft_weights=_weights_summary(draft_blocks),
+        block_compute=_block_compute(cfg, blocks or draft_blocks),
         kv_cache_dtype=cfg.resolved_kv_cache_dtype,
         tree_limits=TreeLimits(**cfg.model_dump(include=set(TreeLimits.model_fields))),
         io_limits=IoLimits(**cfg.model_dump(include=set(IoLimits.model_fields))),
@@ -348,6 +349,12 @@ def _weights_summary(table: dict) -> str:
     from eagle_trt.models import block_weights
 
     return block_weights.summary(table) or "float"
+
+
+def _block_compute(cfg: EagleConfig, any_blocks) -> str:
+    """The manifest's `block_compute`: float where asked or where nothing is in blocks, else int8 (auto's choice:
+    the faster on the CPU kernels, docs/bench.md)."""
+    return "float" if cfg.block_compute == "float" or not any_blocks or cfg.backend != "torch" else "int8"
 
 
 def _load(path: Path) -> dict:

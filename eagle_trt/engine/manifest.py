@@ -94,6 +94,9 @@ class Manifest(BaseModel):
                          "or the GGUF block formats they use, most common first (q8_0, q4_k+q6_k).")
     draft_weights: str = Field("float", description="How the draft's projections (an EAGLE-3 head's or a draft "
                                "model's) are stored: float (in dtype) or their GGUF block formats.")
+    block_compute: Literal["float", "int8"] = Field(
+        "float", description="How the block weights compute on the CPU kernels: int8 (int8 activations, integer "
+        "block dot products) or float (fp32 de-quantized rows); float for an engine built before the choice existed.")
     kv_cache_dtype: str = Field(description="KV-cache dtype (auto already resolved).")
     tree_limits: TreeLimits = Field(description="Speculation tree limits.")
     io_limits: IoLimits = Field(description="Request limits.")

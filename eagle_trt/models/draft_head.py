@@ -97,7 +97,8 @@ class Eagle3DraftHead:
         """The target's kernels where they serve this head (same dtype), fitted to the head's projections; else the
         kernels chosen for the head."""
         if target.kernels.dtype != dtype:
-            return choose_kernels(dtype, target.spec, target.embed.device)
+            return choose_kernels(dtype, target.spec, target.embed.device,
+                                  getattr(target.kernels, "block_compute", "float"))
         return target.kernels.fitted(head_inputs(target.spec, n_aux))
 
     @classmethod

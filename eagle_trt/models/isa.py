@@ -3,13 +3,14 @@
     EAGLE_TRT_ISA=avx2 eagle-trt bench ...     # the AVX2 + FMA kernels on any newer x86-64 CPU
 
 `EAGLE_TRT_ISA` is `native` (the default: `-march=native`, AMX where the CPU grants it), `amx` (the same build, and
-an error unless the kernels then run AMX), `avx512` (this CPU's instructions without AMX) or `avx2`
-(`-march=x86-64-v3`: AVX2 + FMA, no AVX-512, no AMX). A forced ISA also hides the hardware bf16 units from
-`bf16_hardware` (the torch reference's oneDNN bf16 path), so the whole engine behaves as it would on a CPU that has
-only those instructions. A value that is not one of these, or names instructions this CPU lacks, is an InputError
-(exit 2) that names the valid values and what this CPU has: there is no silent fallback to other kernels. For
-torch's own kernels set `ATEN_CPU_CAPABILITY=avx2` and `ONEDNN_MAX_CPU_ISA=AVX2` beside it. Pure logic: no compiler,
-no library.
+an error unless the kernels then run AMX), `avx512` (this CPU's instructions without AMX), `avx2`
+(`-march=x86-64-v3`: AVX2 + FMA, no AVX-512, no AMX) or `avxvnni` (`avx2` plus AVX-VNNI, the 256-bit integer dot
+product the int8 block projections use where a CPU has it without AVX-512). A forced ISA also hides the hardware
+bf16 units from `bf16_hardware` (the torch reference's oneDNN bf16 path), so the whole engine behaves as it would on
+a CPU that has only those instructions. A value that is not one of these, or names instructions this CPU lacks, is
+an InputError (exit 2) that names the valid values and what this CPU has: there is no silent fallback to other
+kernels. For torch's own kernels set `ATEN_CPU_CAPABILITY=avx2` and `ONEDNN_MAX_CPU_ISA=AVX2` beside it. Pure logic: no
+compiler, no library.
 """
 
 from __future__ import annotations
@@ -20,18 +21,20 @@ from pathlib import Path
 
 from eagle_trt.errors import InputError
 
-ISAS = ("native", "amx", "avx512", "avx2")
+ISAS = ("native", "amx", "avx512", "avxvnni", "avx2")
 # The compiler flags that pick each one (GCC >= 11 and Clang >= 12 know all of them).
 MARCH = {
     "native": ["-march=native"],
     "amx": ["-march=native"],
     "avx512": ["-march=native", "-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8"],
+    "avxvnni": ["-march=x86-64-v3", "-mavxvnni", "-mtune=generic"],
     "avx2": ["-march=x86-64-v3", "-mtune=generic"],
 }
 # What the CPU must have (its /proc/cpuinfo flags) for each forced ISA.
 NEEDS = {
     "amx": ("amx_tile", "amx_bf16"),
     "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"),
+    "avxvnni": ("avx2", "fma", "avx_vnni"),
     "avx2": ("avx2", "fma"),
 }
 # eagle_trt_isa()'s answer -> the kernels' name (0: a build without AVX2 + FMA, which the engine does not use).
@@ -58,7 +61,7 @@ def available() -> str:
     flags = cpu_flags()
     if not flags:
         return "unknown"
-    have = [isa for isa in ("amx", "avx512", "avx2") if all(f in flags for f in NEEDS[isa])]
+    have = [isa for isa in ("amx", "avx512", "avxvnni", "avx2") if all(f in flags for f in NEEDS[isa])]
     return ", ".join(have) if have else "none of amx, avx512, avx2"
 
 
@@ -84,8 +87,8 @@ def cpu_key() -> str:
 
 
 def hides_bf16_hardware(isa: str | None = None) -> bool:
-    """Whether the forced ISA hides AMX and AVX512-BF16 (avx2 hides both; avx512 hides AMX only)."""
-    return (isa or requested()) == "avx2"
+    """Whether the forced ISA hides AMX and AVX512-BF16 (avx2 and avxvnni hide both; avx512 hides AMX only)."""
+    return (isa or requested()) in ("avx2", "avxvnni")
 
 
 def check_isa(built: str | None) -> None:
@@ -97,4 +100,4 @@ def check_isa(built: str | None) -> None:
 
 
 def hides_amx(isa: str | None = None) -> bool:
-    return (isa or requested()) in ("avx2", "avx512")
+    return (isa or requested()) in ("avx2", "avxvnni", "avx512")

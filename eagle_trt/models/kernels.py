@@ -51,16 +51,18 @@ def unfit(spec) -> str | None:
     return None
 
 
-def choose_kernels(dtype: torch.dtype, spec, device: torch.device | str = "cpu") -> Kernels:
+def choose_kernels(dtype: torch.dtype, spec, device: torch.device | str = "cpu",
+                   block_compute: str = "float") -> Kernels:
     """The kernels for a target of this dtype and layer shape (an EAGLE-3 head takes its target's: see
-    `Eagle3DraftHead`)."""
+    `Eagle3DraftHead`); block_compute: how block weights compute (float or int8, the engine's `block_compute`)."""
     device = torch.device(device)
     if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
-        return TorchKernels(dtype, device)
+        return TorchKernels(dtype, device, block_compute=block_compute)
     lib = native.library()
     if lib is None:
-        return TorchKernels(dtype, device, reason=native.unavailable())
+        return TorchKernels(dtype, device, reason=native.unavailable(), block_compute=block_compute)
     why = unfit(spec)
     if why is not None:
-        return TorchKernels(dtype, device, reason=f"the kernels do not take {why}")
-    return NativeKernels(lib, dtype, amx=lib.isa_name == "amx" and dtype == torch.bfloat16).fitted(projection_inputs(spec))
+        return TorchKernels(dtype, device, reason=f"the kernels do not take {why}", block_compute=block_compute)
+    amx = lib.isa_name == "amx" and dtype == torch.bfloat16
+    return NativeKernels(lib, dtype, amx=amx, block_compute=block_compute).fitted(projection_inputs(spec))

@@ -124,13 +124,14 @@ class LlamaTarget:
     # ---- loading -----------------------------------------------------------------------------
     @classmethod
     def load(cls, model_dir: str | Path, dtype: torch.dtype = torch.float32, cache: WeightSource | None = None,
-             role: str = "target") -> "LlamaTarget":
+             role: str = "target", block_compute: str = "float") -> "LlamaTarget":
         """The model in model_dir (model.safetensors, or shards with their index), its tensors read one at a time.
         cache (an engine's weights, `EngineDir.weight_source`): the runtime layout comes from the weight cache when
-        this machine made it before, and is stored there when not (`models/weight_cache.py`)."""
+        this machine made it before, and is stored there when not (`models/weight_cache.py`). block_compute: how
+        block weights compute (the engine's `block_compute`: float or int8)."""
         model_dir = Path(model_dir)
         spec = TargetSpec.from_hf_config(read_json(model_dir / "config.json"), str(model_dir / "config.json"))
-        kernels = choose_kernels(dtype, spec)
+        kernels = choose_kernels(dtype, spec, block_compute=block_compute)
         return weight_cache.load_or_make(
             cache, role, kernels.cache_key,
             make=lambda: cls.from_state_dict(spec, model_tensors(model_dir, dtype), dtype, model_dir, kernels=kernels),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from eagle_trt.models import int8_reference
 from eagle_trt.models.block_weights import BlockReference, BlockWeight
 from eagle_trt.models.kernel_api import HeadStack, Kernels, TargetStack
 from eagle_trt.models.gemm import INVARIANT_ROWS, Projection, bf16_hardware, prepack_enabled
@@ -112,8 +113,10 @@ class TorchKernels:
 
     name = "torch"
 
-    def __init__(self, dtype: torch.dtype, device: torch.device | str = "cpu", reason: str | None = None):
+    def __init__(self, dtype: torch.dtype, device: torch.device | str = "cpu", reason: str | None = None,
+                 block_compute: str = "float"):
         self.dtype, self.device, self.reason = dtype, torch.device(device), reason
+        self.block_compute = block_compute  # float: gguf-py's de-quantized weights; int8: `Int8Reference`
         # The target's attention: float64 but for fp32 (see the module docstring).
         self.attend = attention if dtype == torch.float32 else attention_fp64
         self.row_invariant = (dtype == torch.bfloat16 and self.device.type == "cpu" and prepack_enabled()
@@ -121,23 +124,32 @@ class TorchKernels:
         self.lm_head_rows = INVARIANT_ROWS
 
     def projection(self, w):
-        """A float weight [in, out] on torch's GEMMs; a BlockWeight de-quantized once (`BlockReference`)."""
+        """A float weight [in, out] on torch's GEMMs; a BlockWeight de-quantized once (`BlockReference`), or with
+        int8 activations (`Int8Reference`) where block_compute is int8 and its formats have that path."""
         if isinstance(w, BlockWeight):
+            if self.block_compute == "int8" and int8_reference.supports(w):
+                return int8_reference.Int8Reference(w)
             return BlockReference(w)
         return Projection(w)
 
     # ---- the runtime weight cache (models/weight_cache.py): the [in, out] layout; oneDNN packs it at load ----
     @property
     def cache_key(self) -> str:
-        return f"torch-{str(self.dtype).removeprefix('torch.')}"
+        blocks = "-int8" if self.block_compute == "int8" else ""
+        return f"torch-{str(self.dtype).removeprefix('torch.')}{blocks}"
 
     @staticmethod
     def projection_state(proj) -> tuple[torch.Tensor, dict]:
-        # A block weight's reference is its de-quantized fp32 [in, out] weight (gguf-py's values).
+        # A block weight's reference is its de-quantized fp32 [in, out] weight (gguf-py's values), or for int8 its
+        # blocks as the kernels' buffer holds them.
+        if isinstance(proj, int8_reference.Int8Reference):
+            return proj.state()
         return proj.w, {"in": proj.in_features, "out": proj.out_features,
                         **({"dequantized": True} if isinstance(proj, BlockReference) else {})}
 
     def projection_from_state(self, w: torch.Tensor, meta: dict):
+        if meta.get("int8_segments"):
+            return int8_reference.Int8Reference.from_state(w, meta)
         if meta.get("dequantized"):
             return BlockReference.from_dequantized(w)
         return Projection(w)

@@ -44,8 +44,9 @@ class Session:
 
     @classmethod
     def open(cls, engine_path: str | Path, verify: bool = True, device: str = "cpu",
-             just_written: bool = False) -> "Session":
-        """just_written: `build` opening the engine it wrote a moment ago (see `open_engine`)."""
+             just_written: bool = False, block_compute: str | None = None) -> "Session":
+        """just_written: `build` opening the engine it wrote a moment ago (see `open_engine`). block_compute: how block
+        weights compute (float or int8), instead of the manifest's (for side-by-side benchmarks)."""
         private_cache.check_settings()  # a bad cache setting fails before anything loads
         engine = open_engine(engine_path, verify=verify, just_written=just_written)
         cfg = engine.config
@@ -55,14 +56,17 @@ class Session:
             return cls(engine, TrtllmRunner.open(engine), load_tokenizer(engine.tokenizer_dir))
         dtype = DTYPES[cfg.dtype]
         # The weights' runtime layout for this machine, made once and mapped afterwards (models/weight_cache.py).
-        target = LlamaTarget.load(engine.target_dir, dtype, cache=engine.weight_source("target"))
+        compute = block_compute or engine.manifest.block_compute
+        target = LlamaTarget.load(engine.target_dir, dtype, cache=engine.weight_source("target"),
+                                  block_compute=compute)
         kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, dtype)
         scales = _kv_scales(Path(engine.root) / "kv_scales.safetensors")
         tree_room = decode.tree_room(cfg)  # the KV slots a step's tree may take
         capacity = cfg.max_input_len + cfg.max_output_len + tree_room
         head, drafter = None, None
         if engine.manifest.draft.kind == "model":  # a small LM drafts, with its own KV cache (model_drafter.py)
-            draft = DraftModel.load(engine.draft_dir, dtype, cache=engine.weight_source("draft"), role="draft-model")
+            draft = DraftModel.load(engine.draft_dir, dtype, cache=engine.weight_source("draft"), role="draft-model",
+                                    block_compute=compute)
             drafter = ModelDrafter(draft, capacity, target.spec.vocab_size, kv_dtype)
         else:
             head = Eagle3DraftHead.load(engine.draft_dir, target, dtype, cache=engine.weight_source("draft"))
@@ -97,6 +101,14 @@ class Session:
         """How the engine stores its target's projections: float (in the engine dtype) or the GGUF block formats
         (q8_0, q4_k+q6_k); the manifest's word for it."""
         return self.engine.manifest.weights
+
+    @property
+    def block_compute(self) -> str | None:
+        """How the block weights compute (int8 or float), None for an engine without any."""
+        if self.weights == "float" and self.draft_weights == "float":
+            return None
+        kernels = getattr(getattr(self.runner, "target", None), "kernels", None)
+        return getattr(kernels, "block_compute", None)
 
     @property
     def draft_weights(self) -> str:

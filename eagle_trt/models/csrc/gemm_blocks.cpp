@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "blocks.h"
+#include "int8_blocks.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -327,6 +328,9 @@ int eagle_trt_blocks_dequant(const uint8_t* w, float* out, int64_t K, int64_t N)
 int eagle_trt_blocks_gemm(const void* x, const uint8_t* w, void* out, int64_t M, int64_t K, int64_t N, int bf16,
                           int threads) {
     if (M <= 0 || K <= 0 || N <= 0) return -2;
+    int64_t magic;
+    std::memcpy(&magic, w, sizeof magic);
+    if (magic == kInt8Magic) return int8_blocks_gemm(x, w, out, M, K, N, bf16, threads);
     if (bf16)
         return blocks_gemm(static_cast<const uint16_t*>(x), w, static_cast<uint16_t*>(out), M, K, N, threads);
     return blocks_gemm(static_cast<const float*>(x), w, static_cast<float*>(out), M, K, N, threads);

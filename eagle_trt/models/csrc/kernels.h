@@ -29,6 +29,12 @@ int eagle_trt_blocks_dequant(const uint8_t* w, float* out, int64_t K, int64_t N)
 int eagle_trt_blocks_gemm(const void* x, const uint8_t* w, void* out, int64_t M, int64_t K, int64_t N, int bf16,
                           int threads);
 
+// The int8-activation layout of block weights (int8_pack.cpp; eagle_trt_blocks_gemm takes its buffers too).
+int64_t eagle_trt_int8_group_bytes(int64_t format, int64_t K);
+int eagle_trt_int8_repack(int64_t format, const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst);
+int eagle_trt_int8_quantize(const float* x, int64_t M, int64_t K, int64_t block, int8_t* a, float* d);
+int eagle_trt_int8_dot(void);
+
 // bf16 projections on AMX tiles (gemm_amx.cpp).
 int eagle_trt_amx_available(void);
 int eagle_trt_amx_pack(const uint16_t* w, uint16_t* packed, int64_t K, int64_t N);

@@ -15,13 +15,14 @@ from __future__ import annotations
 import torch
 
 from eagle_trt.models.block_weights import FORMATS, BlockWeight
-from eagle_trt.models.native import ops
+from eagle_trt.models.native import int8_gemm, ops
 
 MAGIC = 0x314B4C4250525445  # "ETRPBLK1" little-endian (kMagic in csrc/gemm_blocks.cpp)
 MAX_SEGMENTS = 4
 HEADER_WORDS = 8 + 4 * MAX_SEGMENTS
 KERNEL = 2  # the one-call forwards' code for block weights (csrc/stack_common.h)
 _ALIGN = 64
+COMPUTE = ("float", "int8")  # how a block projection computes (BlockProjection)
 _FLOATS = (torch.float32, torch.bfloat16)
 
 
@@ -49,23 +50,28 @@ def header_of(buf: torch.Tensor) -> list[int]:
     if buf.dtype is not torch.uint8 or buf.dim() != 1 or buf.numel() < HEADER_WORDS * 8:
         raise ValueError("not a block-weight buffer")
     words = buf[:HEADER_WORDS * 8].clone().view(torch.int64).tolist()
-    if words[0] != MAGIC:
+    if words[0] not in (MAGIC, int8_gemm.MAGIC):
         raise ValueError("not a block-weight buffer (no magic)")
     return words
 
 
 class BlockProjection:
     """y = x @ W^T for a block weight; `w` is the packed buffer (the bytes a call streams). Activations fp32 or bf16,
-    the output in theirs."""
+    the output in theirs. `compute`: "float" (each weight row de-quantized to fp32, fp32 products) or "int8" (the
+    activations quantized to int8 blocks, integer block dot products: `int8_gemm`); a weight with a format the int8
+    path lacks computes in float whatever was asked (`self.compute` says which)."""
 
-    __slots__ = ("lib", "w", "in_features", "out_features", "formats")
+    __slots__ = ("lib", "w", "in_features", "out_features", "formats", "compute")
     amx = False
     kernel = KERNEL
 
-    def __init__(self, lib, weight: BlockWeight):
+    def __init__(self, lib, weight: BlockWeight, compute: str = "float"):
+        if compute not in COMPUTE:
+            raise ValueError(f"block compute is one of {', '.join(COMPUTE)}, not {compute!r}")
         self.lib, self.in_features, self.out_features = lib, weight.in_features, weight.out_features
         self.formats = weight.formats
-        self.w = pack(weight)
+        self.compute = "int8" if compute == "int8" and int8_gemm.supports(weight) else "float"
+        self.w = int8_gemm.pack(lib, weight) if self.compute == "int8" else pack(weight)
 
     @classmethod
     def from_packed(cls, lib, buf: torch.Tensor, in_features: int, out_features: int) -> "BlockProjection":
@@ -78,6 +84,7 @@ class BlockProjection:
         self = cls.__new__(cls)
         self.lib, self.w, self.in_features, self.out_features = lib, buf, in_features, out_features
         self.formats = [names.get(words[8 + 4 * i], "?") for i in range(words[3])]
+        self.compute = "int8" if words[0] == int8_gemm.MAGIC else "float"
         return self
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -102,7 +109,9 @@ class BlockProjection:
         return ops.argmax(self.lib, self(x))
 
     def dequantized(self) -> torch.Tensor:
-        """The fp32 [out, in] weight the kernel computes with (its de-quantization, for tests)."""
+        """The fp32 [out, in] weight the float kernel computes with (its de-quantization, for tests)."""
+        if self.compute != "float":
+            raise ValueError("an int8-layout weight has no de-quantized form here; build it with compute='float'")
         out = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
         rc = self.lib.blocks_dequant(self.w.data_ptr(), out.data_ptr(), self.in_features, self.out_features)
         if rc != 0:

@@ -32,12 +32,14 @@ def _native_cache(cache, dtype) -> bool:
 class NativeKernels:
     row_invariant = True  # every kernel keeps each output row a function of that row alone (csrc/*.cpp)
 
-    def __init__(self, lib, dtype: torch.dtype, amx: bool = False):
+    def __init__(self, lib, dtype: torch.dtype, amx: bool = False, block_compute: str = "float"):
         if dtype not in _DTYPES:
             raise ValueError(f"the native kernels take float32 or bfloat16, not {dtype}")
         if amx and (dtype is not torch.bfloat16 or lib.isa_name != "amx"):
             raise ValueError("AMX projections need a bf16 engine on a CPU that grants the tiles")
-        self.lib, self.dtype, self.amx = lib, dtype, amx
+        if block_compute not in block_gemm.COMPUTE:
+            raise ValueError(f"block_compute is one of {', '.join(block_gemm.COMPUTE)}, not {block_compute!r}")
+        self.lib, self.dtype, self.amx, self.block_compute = lib, dtype, amx, block_compute
         # The projections' kernel gives the name: AMX tiles, else this build's vectors.
         self.name = "amx" if amx else ("avx512" if lib.isa_code >= 2 else "avx2")
         self.attend = ops.Attention(lib)
@@ -48,21 +50,23 @@ class NativeKernels:
         """These kernels for projections of these input sizes: AMX only where every one fits its K blocks, else the
         same build's vector kernel. The one place that decides whether a model's projections run on AMX."""
         if self.amx and not all(gemm.amx_fits(k) for k in inputs):
-            return NativeKernels(self.lib, self.dtype, amx=False)
+            return NativeKernels(self.lib, self.dtype, amx=False, block_compute=self.block_compute)
         return self
 
     def projection(self, w):
         """A float weight [in, out] packed for this build's vectors or AMX tiles; a BlockWeight (GGUF blocks, [out, in]
-        rows) on the block kernel, whatever the CPU."""
+        rows) on the block kernel, whatever the CPU, computing as `block_compute` says."""
         if isinstance(w, BlockWeight):
-            return block_gemm.BlockProjection(self.lib, w)
+            return block_gemm.BlockProjection(self.lib, w, self.block_compute)
         return gemm.NativeProjection(self.lib, w, amx=self.amx)
 
     # ---- the runtime weight cache (models/weight_cache.py) -------------------------------------------------
     @property
     def cache_key(self) -> str:
-        """What the packed layouts depend on: the kernel build (its sources, flags and CPU), the dtype, AMX."""
-        return f"{self.name}-{str(self.dtype).removeprefix('torch.')}-{self.lib.path.stem}"
+        """What the packed layouts depend on: the kernel build (its sources, flags and CPU), the dtype, AMX, and the
+        block weights' layout (int8 repacks them)."""
+        blocks = "-int8" if self.block_compute == "int8" else ""
+        return f"{self.name}-{str(self.dtype).removeprefix('torch.')}{blocks}-{self.lib.path.stem}"
 
     @staticmethod
     def projection_state(proj) -> tuple[torch.Tensor, dict]:

@@ -1,0 +1,324 @@
+// Projections y = x @ W^T over block weights repacked for int8 activations (int8_blocks.h: the formula, the layout
+// and why each output is a function of its own row of x alone, the same bits on every ISA).
+//
+// The weight is one self-describing buffer (models/native/int8_gemm.py writes it): a header of int64 words (magic,
+// K, N, the segment count, then per segment its format, rows, bytes per 16-row group and byte offset) and each
+// segment's groups. A call quantizes its rows of x once (Q32 and/or Q256, as the segments need), then every thread
+// takes a contiguous range of groups (threads split output rows, never a sum) and, per group, register blocks of up
+// to kRows activation rows share each loaded weight vector: a T-row verify streams the weight once, not T times.
+
+#include <cstdint>
+#include <cstring>
+
+#include "int8_blocks.h"
+#include "int8_dot.h"
+#include "kernels.h"
+#include "simd.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace {
+
+using namespace eagle_trt;
+
+constexpr int64_t kMaxSegments = 4;
+constexpr int64_t kHeaderWords = 8 + 4 * kMaxSegments;
+#if defined(__AVX512F__)
+constexpr int kRows = 4;  // k-quants: 3 int32 and 1 fp32 accumulators a row, of 32 registers
+#else
+constexpr int kRows = 2;  // each 16-lane value is two of AVX2's 16 registers
+#endif
+
+struct Segment {
+    int64_t format, rows, group_bytes, offset;
+};
+
+int read_weight(const uint8_t* w, int64_t K, int64_t N, int64_t& n, Segment* seg) {
+    int64_t h[kHeaderWords];
+    std::memcpy(h, w, sizeof h);
+    if (h[0] != kInt8Magic || h[1] != K || h[2] != N || h[3] < 1 || h[3] > kMaxSegments) return -2;
+    n = h[3];
+    int64_t rows = 0;
+    for (int64_t s = 0; s < n; ++s) {
+        const int64_t* e = h + 8 + 4 * s;
+        seg[s] = Segment{e[0], e[1], e[2], e[3]};
+        if (e[1] <= 0 || int8_group_bytes(e[0], K) != e[2] || e[3] < kHeaderWords * 8) return -2;
+        rows += e[1];
+    }
+    return rows == N ? 0 : -2;
+}
+
+// The block step of the header comment; under the mutation test's define the last row of a many-row call rounds the
+// product apart from the sum (tests/test_native_mutation.py shows the row checks catch it).
+inline v16f step(v16f scale, v16i i, v16f acc, bool perturb) {
+#ifdef EAGLE_TRT_MUTATE_GEMM
+    if (perturb) return acc + scale * to_f32(i);
+#else
+    (void)perturb;
+#endif
+    return fma16(scale, to_f32(i), acc);
+}
+
+template <int R>
+void group_q8_0(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool perturb) {
+    for (int64_t b = 0; b < K / 32; ++b, g += 544) {
+        v16i dot[R] = {};
+        for (int j = 0; j < 8; ++j) {
+            const v16u v = load_quads(g + 32 + 64 * j);
+            for (int r = 0; r < R; ++r) dot[r] = dot_q8(dot[r], v, load_quad(q[r].a + 32 * b + 4 * j));
+        }
+        const v16f d = halves16(g);
+        for (int r = 0; r < R; ++r)
+            acc[r] = step(d * q[r].d[b], dot[r] - kQ8Offset * q[r].s[b], acc[r], perturb && r == R - 1);
+    }
+}
+
+template <int R>
+void group_q4_0(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool perturb) {
+    for (int64_t b = 0; b < K / 32; ++b, g += 288) {
+        v16i dot[R] = {};
+        for (int j = 0; j < 4; ++j) {
+            const v16u v = load_quads(g + 32 + 64 * j), lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
+            for (int r = 0; r < R; ++r) {
+                dot[r] = dot4(dot[r], lo, load_quad(q[r].a + 32 * b + 4 * j));
+                dot[r] = dot4(dot[r], hi, load_quad(q[r].a + 32 * b + 16 + 4 * j));
+            }
+        }
+        const v16f d = halves16(g);
+        for (int r = 0; r < R; ++r) acc[r] = step(d * q[r].d[b], dot[r] - 8 * q[r].s[b], acc[r], perturb && r == R - 1);
+    }
+}
+
+// q5_0's code vectors j (k = 4j + t) and j + 4 (k = 16 + 4j + t): nibbles, and the fifth bit moved to bit 4 of each
+// byte by a 32-bit shift (bits that cross a byte are masked off).
+template <int j>
+inline void q5_codes(v16u v, v16u h, v16u& lo, v16u& hi) {
+    lo = (v & 0x0F0F0F0Fu) | ((h << (4 - j)) & 0x10101010u);
+    hi = ((v >> 4) & 0x0F0F0F0Fu) | ((h >> j) & 0x10101010u);
+}
+
+template <int R, int j>
+inline void q5_quad(const uint8_t* g, const QRow* q, int64_t b, v16i* dot) {
+    v16u lo, hi;
+    q5_codes<j>(load_quads(g + 32 + 64 * j), load_quads(g + 288), lo, hi);
+    for (int r = 0; r < R; ++r) {
+        dot[r] = dot4(dot[r], lo, load_quad(q[r].a + 32 * b + 4 * j));
+        dot[r] = dot4(dot[r], hi, load_quad(q[r].a + 32 * b + 16 + 4 * j));
+    }
+}
+
+template <int R>
+void group_q5_0(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool perturb) {
+    for (int64_t b = 0; b < K / 32; ++b, g += 352) {
+        v16i dot[R] = {};
+        q5_quad<R, 0>(g, q, b, dot);
+        q5_quad<R, 1>(g, q, b, dot);
+        q5_quad<R, 2>(g, q, b, dot);
+        q5_quad<R, 3>(g, q, b, dot);
+        const v16f d = halves16(g);
+        for (int r = 0; r < R; ++r)
+            acc[r] = step(d * q[r].d[b], dot[r] - 16 * q[r].s[b], acc[r], perturb && r == R - 1);
+    }
+}
+
+template <int R>
+void group_q4_k(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool perturb) {
+    for (int64_t b = 0; b < K / 256; ++b, g += 2368) {
+        v16i I[R] = {}, J[R] = {};
+        for (int c = 0; c < 4; ++c) {
+            // P chains a sum where few rows leave the dot products' latency exposed (integer sums: any order).
+            constexpr int P = R <= 2 ? 2 : 1;
+            v16i lo_dot[R][P] = {}, hi_dot[R][P] = {};
+            for (int j = 0; j < 8; ++j) {
+                const v16u v = load_quads(g + 320 + 512 * c + 64 * j), lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
+                for (int r = 0; r < R; ++r) {
+                    const int8_t* a = q[r].a + 256 * b + 64 * c + 4 * j;
+                    lo_dot[r][j % P] = dot4(lo_dot[r][j % P], lo, load_quad(a));
+                    hi_dot[r][j % P] = dot4(hi_dot[r][j % P], hi, load_quad(a + 32));
+                }
+            }
+            const v16i s_lo = u8_lanes(g + 64 + 32 * c), s_hi = u8_lanes(g + 80 + 32 * c);
+            for (int r = 0; r < R; ++r)
+                for (int p = 0; p < P; ++p) I[r] += s_lo * lo_dot[r][p] + s_hi * hi_dot[r][p];
+        }
+        for (int p = 0; p < 4; ++p) {
+            const v16i m = u8_pairs(g + 192 + 32 * p);
+            for (int r = 0; r < R; ++r) J[r] = madd16(J[r], m, q[r].sp[4 * b + p]);
+        }
+        const v16f d = halves16(g), dmin = halves16(g + 32);
+        for (int r = 0; r < R; ++r) {
+            acc[r] = step(d * q[r].d[b], I[r], acc[r], false);
+            acc[r] = step(-(dmin * q[r].d[b]), J[r], acc[r], perturb && r == R - 1);
+        }
+    }
+}
+
+// A q6_k code vector: 4 low bits from the nibble vector, 2 high bits from bits 2j, 2j + 1 of the high vector (moved
+// to bits 4, 5 of each byte by a 32-bit shift: the bits that cross a byte are masked off).
+template <int j>
+inline v16u q6_codes(v16u nib, v16u high) {
+    const v16u h = j == 0 ? high << 4 : j == 1 ? high << 2 : j == 2 ? high : high >> 2;
+    return (nib & 0x0F0F0F0Fu) | (h & 0x30303030u);
+}
+
+template <int R, int j>
+inline void q6_quad(const uint8_t* ch, const int8_t* const* a, v16i* lo_dot, v16i* hi_dot) {
+    const v16u v = load_quads(ch + 64 * j);
+    const v16u lo = q6_codes<j>(v, load_quads(ch + 256)), hi = q6_codes<j>(v >> 4, load_quads(ch + 320));
+    for (int r = 0; r < R; ++r) {
+        lo_dot[r] = dot4(lo_dot[r], lo, load_quad(a[r] + 4 * j));
+        hi_dot[r] = dot4(hi_dot[r], hi, load_quad(a[r] + 16 + 4 * j));
+    }
+}
+
+template <int R>
+void group_q6_k(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool perturb) {
+    for (int64_t b = 0; b < K / 256; ++b, g += 3360) {
+        v16i I[R] = {};
+        for (int c = 0; c < 8; ++c) {
+            const uint8_t* ch = g + 288 + 384 * c;
+            const int8_t* a[R];
+            for (int r = 0; r < R; ++r) a[r] = q[r].a + 256 * b + 32 * c;
+            v16i lo_dot[R] = {}, hi_dot[R] = {};
+            q6_quad<R, 0>(ch, a, lo_dot, hi_dot);
+            q6_quad<R, 1>(ch, a, lo_dot, hi_dot);
+            q6_quad<R, 2>(ch, a, lo_dot, hi_dot);
+            q6_quad<R, 3>(ch, a, lo_dot, hi_dot);
+            const v16i s_lo = s8_lanes(g + 32 + 32 * c), s_hi = s8_lanes(g + 48 + 32 * c);
+            for (int r = 0; r < R; ++r) {
+                const int16_t* s = q[r].s16 + 16 * b + 2 * c;
+                I[r] += s_lo * (lo_dot[r] - 32 * s[0]) + s_hi * (hi_dot[r] - 32 * s[1]);
+            }
+        }
+        const v16f d = halves16(g);
+        for (int r = 0; r < R; ++r) acc[r] = step(d * q[r].d[b], I[r], acc[r], perturb && r == R - 1);
+    }
+}
+
+template <int R>
+void group_dot(int64_t format, const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool perturb) {
+    for (int r = 0; r < R; ++r) acc[r] = v16f{};
+    switch (format) {
+        case kQ8_0: group_q8_0<R>(g, K, q, acc, perturb); break;
+        case kQ4_0: group_q4_0<R>(g, K, q, acc, perturb); break;
+        case kQ5_0: group_q5_0<R>(g, K, q, acc, perturb); break;
+        case kQ4_K: group_q4_k<R>(g, K, q, acc, perturb); break;
+        default: group_q6_k<R>(g, K, q, acc, perturb); break;
+    }
+}
+
+using GroupFn = void (*)(int64_t, const uint8_t*, int64_t, const QRow*, v16f*, bool);
+#if defined(__AVX512F__)
+constexpr GroupFn kTable[kRows] = {group_dot<1>, group_dot<2>, group_dot<3>, group_dot<4>};
+#else
+constexpr GroupFn kTable[kRows] = {group_dot<1>, group_dot<2>};
+#endif
+
+inline bool is_q32(int64_t format) { return format == kQ8_0 || format == kQ4_0 || format == kQ5_0; }
+
+inline int64_t pad64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// The call's rows quantized (Q32 into rows[0 .. M), Q256 into rows[M .. 2M), as the weight needs), in a per-thread
+// buffer kept across calls: false when it could not be allocated.
+template <typename T>
+bool quantize_rows(const T* x, int64_t M, int64_t K, bool need32, bool need256, QRow*& rows) {
+    const int64_t row32 = pad64(K) + 2 * pad64(K / 32 * 4);
+    const int64_t row256 = pad64(K) + pad64(K / 256 * 4) + pad64(K / 16 * 2) + pad64(K / 32 * 4);
+    const int64_t per = (need32 ? row32 : 0) + (need256 ? row256 : 0);
+    static thread_local Buffer b_q, b_rows, b_x;
+    uint8_t* p = b_q.get<uint8_t>(static_cast<size_t>(M * per));
+    rows = b_rows.get<QRow>(static_cast<size_t>(2 * M));
+    float* xf = b_x.get(static_cast<size_t>(K));
+    if (!p || !rows || !xf) return false;
+    for (int64_t m = 0; m < M; ++m) {
+        for (int64_t k = 0; k < K; ++k) xf[k] = Elem<T>::get(x + m * K + k);
+        if (need32) {
+            auto* a = reinterpret_cast<int8_t*>(p);
+            auto* d = reinterpret_cast<float*>(p + pad64(K));
+            auto* s = reinterpret_cast<int32_t*>(p + pad64(K) + pad64(K / 32 * 4));
+            int8_quantize_row(xf, K, 32, a, d, s, nullptr);
+            rows[m] = QRow{a, d, s, nullptr, nullptr};
+            p += row32;
+        }
+        if (need256) {
+            auto* a = reinterpret_cast<int8_t*>(p);
+            auto* d = reinterpret_cast<float*>(p + pad64(K));
+            auto* s16 = reinterpret_cast<int16_t*>(p + pad64(K) + pad64(K / 256 * 4));
+            auto* sp = reinterpret_cast<int32_t*>(p + pad64(K) + pad64(K / 256 * 4) + pad64(K / 16 * 2));
+            int8_quantize_row(xf, K, 256, a, d, sp, s16);
+            for (int64_t i = 0; i < K / 64; ++i)  // in place: pair i reads sums 2i, 2i + 1 (>= i)
+                sp[i] = static_cast<int32_t>((static_cast<uint32_t>(sp[2 * i]) & 0xFFFFu) |
+                                             (static_cast<uint32_t>(sp[2 * i + 1]) << 16));
+            rows[M + m] = QRow{a, d, nullptr, s16, sp};
+            p += row256;
+        }
+    }
+    return true;
+}
+
+// Group lg of segment s for every row of x: register blocks of rows (as even as kRows allows), stored to out.
+template <typename T>
+void run_group(const uint8_t* w, const Segment& s, int64_t lg, int64_t n0, const QRow* q, int64_t M, int64_t K,
+               int64_t N, T* out) {
+    const uint8_t* g = w + s.offset + lg * s.group_bytes;
+    const int64_t valid = s.rows - lg * kGroup < kGroup ? s.rows - lg * kGroup : kGroup;
+    const int64_t blocks = (M + kRows - 1) / kRows, base = M / blocks, extra = M % blocks;
+    v16f acc[kRows];
+    for (int64_t b = 0, r0 = 0; b < blocks; ++b) {
+        const int64_t rows = base + (b < extra);
+        kTable[rows - 1](s.format, g, K, q + r0, acc, M > 1 && r0 + rows == M);
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t l = 0; l < valid; ++l) Elem<T>::put(out + (r0 + r) * N + n0 + l, acc[r][l]);
+        r0 += rows;
+    }
+}
+
+template <typename T>
+int int8_gemm(const T* x, const uint8_t* w, T* out, int64_t M, int64_t K, int64_t N, int threads) {
+    int64_t n;
+    Segment seg[kMaxSegments];
+    if (read_weight(w, K, N, n, seg)) return -2;
+    bool need32 = false, need256 = false;
+    int64_t groups = 0;
+    for (int64_t s = 0; s < n; ++s) {
+        (is_q32(seg[s].format) ? need32 : need256) = true;
+        groups += (seg[s].rows + kGroup - 1) / kGroup;
+    }
+    QRow* rows = nullptr;
+    if (!quantize_rows(x, M, K, need32, need256, rows)) return -1;
+    const int nthreads = threads > 0 ? threads : 1;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1 && groups > 1)
+    {
+#ifdef _OPENMP
+        const int64_t tid = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+        const int64_t tid = 0, nt = 1;
+#endif
+        const int64_t g0 = groups * tid / nt, g1 = groups * (tid + 1) / nt;
+        int64_t s = 0, first = 0, n0 = 0;  // segment s's groups start at global group `first`, its rows at n0
+        for (int64_t gi = g0; gi < g1; ++gi) {
+            while (gi - first >= (seg[s].rows + kGroup - 1) / kGroup) {
+                first += (seg[s].rows + kGroup - 1) / kGroup;
+                n0 += seg[s].rows;
+                ++s;
+            }
+            const QRow* q = is_q32(seg[s].format) ? rows : rows + M;
+            run_group(w, seg[s], gi - first, n0 + (gi - first) * kGroup, q, M, K, N, out);
+        }
+    }
+    return 0;
+}
+
+}  // namespace
+
+namespace eagle_trt {
+
+int int8_blocks_gemm(const void* x, const uint8_t* w, void* out, int64_t M, int64_t K, int64_t N, int bf16,
+                     int threads) {
+    if (bf16) return int8_gemm(static_cast<const uint16_t*>(x), w, static_cast<uint16_t*>(out), M, K, N, threads);
+    return int8_gemm(static_cast<const float*>(x), w, static_cast<float*>(out), M, K, N, threads);
+}
+
+}  // namespace eagle_trt
