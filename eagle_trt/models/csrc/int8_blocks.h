@@ -103,6 +103,16 @@ inline int32_t load_quad(const int8_t* p) {
     return v;
 }
 
+#if defined(__AVX2__)
+// Two 8-lane halves as one 16-lane vector (lanes 0..7, then 8..15).
+inline v16i join_halves(const __m256i& lo, const __m256i& hi) {
+    v16i r;
+    std::memcpy(&r, &lo, 32);
+    std::memcpy(reinterpret_cast<char*>(&r) + 32, &hi, 32);
+    return r;
+}
+#endif
+
 // 16 bytes -> 16 int32 lanes, zero- or sign-extended (GCC's generic conversion of a byte vector is scalar code, so
 // the vector builds say it with intrinsics).
 inline v16i u8_lanes(const uint8_t* p) {
@@ -111,10 +121,7 @@ inline v16i u8_lanes(const uint8_t* p) {
 #elif defined(__AVX2__)
     const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
     const __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
-    v16i r;
-    std::memcpy(&r, &lo, 32);
-    std::memcpy(reinterpret_cast<char*>(&r) + 32, &hi, 32);
-    return r;
+    return join_halves(lo, hi);
 #else
     return __builtin_convertvector(load16(p), v16i);
 #endif
@@ -126,10 +133,7 @@ inline v16i s8_lanes(const uint8_t* p) {
 #elif defined(__AVX2__)
     const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
     const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
-    v16i r;
-    std::memcpy(&r, &lo, 32);
-    std::memcpy(reinterpret_cast<char*>(&r) + 32, &hi, 32);
-    return r;
+    return join_halves(lo, hi);
 #else
     v16s8 v;
     std::memcpy(&v, p, 16);
@@ -144,10 +148,7 @@ inline v16i u8_pairs(const uint8_t* p) {
 #elif defined(__AVX2__)
     const __m256i lo = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     const __m256i hi = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
-    v16i r;
-    std::memcpy(&r, &lo, 32);
-    std::memcpy(reinterpret_cast<char*>(&r) + 32, &hi, 32);
-    return r;
+    return join_halves(lo, hi);
 #else
     v32u8 v;
     std::memcpy(&v, p, 32);
