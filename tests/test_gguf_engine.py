@@ -80,3 +80,23 @@ def test_the_engine_computes_the_ggufs_model_row_invariantly(gguf_checkpoint, tm
     b, _ = floats.forward(ids, torch.arange(12), floats.new_cache(16))
     assert (a - b).abs().max().item() <= 1e-4 * b.abs().max().item()
     assert verify_equals_decode(blocks, seed=4)
+
+
+def test_draft_weights_auto_takes_a_draft_models_kept_blocks(gguf_checkpoint):
+    """A GGUF draft model (convert --draft-model keeps its blocks as it keeps the target's): `draft_weights: auto`
+    stores the file's bytes; a dir without kept blocks keeps every tensor float."""
+    from safetensors.torch import load_file
+
+    from eagle_trt.engine.weight_blocks import quantize_dict
+
+    _, ckpt = gguf_checkpoint
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    kept = block_weights.read_table(ckpt, block_weights.KEPT_TABLE)
+    out, table = quantize_dict(tensors, "auto", kept_dir=ckpt)
+    assert table == kept and kept
+    blocks = load_file(str(ckpt / block_weights.KEPT_FILE))
+    for name in kept:
+        assert torch.equal(out[name], blocks[name])
+    assert all(torch.equal(out[n], t) for n, t in tensors.items() if n not in kept)
+    same, none = quantize_dict(tensors, "auto", kept_dir=ckpt.parent)
+    assert none == {} and same.keys() == tensors.keys()

@@ -109,11 +109,12 @@ class EagleConfig(TreeSettings):
         "texts differ slightly). auto: int8, the faster (docs/bench.md). `build` records the result. Backend torch "
         "only.",
     )
-    draft_weights: Literal["float", "q8_0", "q4_k", "q4_0", "q4_1", "q5_0", "q5_1"] = Field(
+    draft_weights: Literal["float", "auto", "q8_0", "q4_k", "q4_0", "q4_1", "q5_0", "q5_1"] = Field(
         "float",
         description="How the draft's projections are stored: an EAGLE-3 head's (fc, its layer, its own LM head) or a "
         "draft model's (its layers and LM head). float: in dtype; q8_0, q4_k, ...: build quantizes them (a cheaper "
-        "draft step; the draft only proposes, so the output stays lossless whatever it is). Backend torch only.",
+        "draft step; the draft only proposes, so the output stays lossless whatever it is); auto: a GGUF draft "
+        "model's own blocks where convert --draft-model kept them, else float. Backend torch only.",
     )
     kv_cache_dtype: Literal["auto", "float32", "float16", "bfloat16", "fp8"] = Field(
         "auto",

@@ -26,6 +26,7 @@ from eagle_trt.staging import check_apart
 from eagle_trt.tokenizer_match import first_difference, hf_tokenizer_terms
 
 from .export import check_output_dir, staged_output, write_manifest, write_target
+from .keep_blocks import keep_blocks
 from .load_target import load_target, load_tokenizer
 from .result import ConvertResult
 from .stages import Stages, versions
@@ -72,6 +73,8 @@ def convert_with_draft_model(model_path, draft_path, output_dir, overwrite: bool
                 model, tokenizer, infos[name] = load_target(path)
             with stages.stage(f"export_{name}", f"Writing {name} model"):
                 write_target(model, tokenizer, stage / name, shard_bytes[name])
+                if infos[name].format == "gguf":  # the file's own blocks too, for weights / draft_weights: auto
+                    keep_blocks(Path(path), stage / name)
             del model, tokenizer  # one model in memory at a time
             gc.collect()
         _check_draft_config(stage / "draft" / "config.json")

@@ -249,7 +249,8 @@ def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path, max_shard_
     from eagle_trt.engine import weight_blocks
 
     draft_tensors, draft_blocks = weight_blocks.quantize_dict(
-        draft_tensors, cfg.draft_weights, tied=bool(plan.engine_draft_config.get("tie_word_embeddings")))
+        draft_tensors, cfg.draft_weights, tied=bool(plan.engine_draft_config.get("tie_word_embeddings")),
+        kept_dir=plan.draft_weights.parent)
     _save(draft_tensors, root / "draft" / "model.safetensors", cfg.dtype)
     if draft_blocks:
         from eagle_trt.models.block_weights import write_table

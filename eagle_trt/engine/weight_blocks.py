@@ -52,17 +52,34 @@ def is_draft_projection(name: str) -> bool:
     return is_projection(name) or name == "fc.weight" or bool(_HEAD_PROJECTION.fullmatch(name))
 
 
-def quantize_dict(tensors: dict, weights: str, tied: bool = False, field: str = "draft_weights") -> tuple[dict, dict]:
+def quantize_dict(tensors: dict, weights: str, tied: bool = False, field: str = "draft_weights",
+                  kept_dir=None) -> tuple[dict, dict]:
     """A draft's tensors (all in memory: a head or a small model) with its projections quantized to `weights` ->
-    (the tensors, blocks.json's entries); "float" changes nothing."""
+    (the tensors, blocks.json's entries); "float" changes nothing; "auto" takes the blocks convert kept in
+    `kept_dir` (a GGUF draft model's), and nothing where there are none."""
     if weights == "float":
         return tensors, {}
+    kept_tensors, kept = _kept(kept_dir) if weights == "auto" else ({}, {})
     shapes = {n: tuple(t.shape) for n, t in tensors.items()}
-    plans = plan({n: s for n, s in shapes.items() if is_draft_projection(n) or n == EMBED}, weights, tied=tied,
+    plans = plan({n: s for n, s in shapes.items() if is_draft_projection(n) or n == EMBED}, weights, kept, tied=tied,
                  field=field, projections=is_draft_projection)
     out = {n: t for n, t in tensors.items() if n not in plans}
-    out.update({n: produce(p, lambda name, kept: tensors[name]) for n, p in plans.items()})
+    out.update({n: produce(p, lambda name, k: kept_tensors[name] if k else tensors[name]) for n, p in plans.items()})
     return out, table(plans)
+
+
+def _kept(kept_dir) -> tuple[dict, dict]:
+    """(the kept blocks, their table) of a checkpoint dir, or two empty dicts without them."""
+    from pathlib import Path
+
+    from eagle_trt.models import block_weights
+
+    table_ = block_weights.read_table(Path(kept_dir), block_weights.KEPT_TABLE) if kept_dir is not None else {}
+    if not table_:
+        return {}, {}
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(kept_dir) / block_weights.KEPT_FILE)), table_
 
 
 def plan(shapes: dict[str, tuple[int, ...]], weights: str, kept: dict[str, dict] | None = None,
