@@ -7,8 +7,8 @@ The same rows as scripts/regenerate_answers.py writes (the input row plus `"resp
 answers come from the engine's compiled kernels through its continuous batcher (`runtime/batch.py`) in `ar`
 mode: every answer is `eagle-trt run --mode ar`'s tokens for that prompt alone, i.e. what the bench's target
 decodes (bf16 engine: its rounding, not transformers' fp32). On a small CPU this is the fast path: the batch
-shares each forward's weight reads, and no draft head runs. `--limit N` answers the first N prompts only
-(to measure the rate). The output is written atomically (temp file, then rename).
+shares each forward's weight reads, and no draft head runs. `--offset K --limit N` answers prompts K to K+N-1
+only (a slice, or a few to measure the rate). The output is written atomically (temp file, then rename).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--max-prompt-tokens", type=int, default=384)
     ap.add_argument("--batch", type=int, default=16, help="requests decoded together")
-    ap.add_argument("--limit", type=int, default=0, help="answer the first N prompts only (0: all)")
+    ap.add_argument("--offset", type=int, default=0, help="skip the first N prompts")
+    ap.add_argument("--limit", type=int, default=0, help="answer N prompts only (0: all)")
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
     try:
@@ -78,8 +79,7 @@ def run(args) -> None:
     apply_threads(args.threads)
     session = Session.open(args.engine)
     records = [r for r in read_records(args.data) if has_prompt(r) and r.response is None]
-    if args.limit:
-        records = records[:args.limit]
+    records = records[args.offset:args.offset + args.limit if args.limit else None]
     tok = session.tokenizer
     prompts = [prompt_ids(r, tok, max_tokens=args.max_prompt_tokens) for r in records]
     eos = set(session.runner.eos_token_ids)
