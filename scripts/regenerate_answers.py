@@ -51,6 +51,20 @@ def main() -> None:
         sys.exit(e.exit_code)
 
 
+def write_answers(out: Path, records, answers: list[list[int]], tokenizer, eos: set[int]) -> None:
+    """One row per answered record (the input row plus "response" and "eos": whether the answer ended on an end
+    token, which is cut off), written atomically: a temp file beside `out`, then renamed."""
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for rec, ans in zip(records, answers):
+            ended = bool(ans) and ans[-1] in eos
+            text = tokenizer.decode(ans[:-1] if ended else ans, skip_special_tokens=False)
+            row = ({"messages": rec.messages} if rec.kind == "chat"
+                   else {"prompt": rec.text, **({} if rec.chat else {"chat": False})})
+            f.write(json.dumps({**row, "response": text, "eos": ended}, ensure_ascii=False) + "\n")
+    tmp.replace(out)
+
+
 def run(args) -> None:
     import torch
 
@@ -84,15 +98,7 @@ def run(args) -> None:
             prompts, args.max_new_tokens)
     else:
         answers = regenerate(model, tokenizer, prompts, args.max_new_tokens, args.batch_size)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for rec, ans in zip(records, answers):
-            ended = bool(ans) and ans[-1] in eos
-            text = tokenizer.decode(ans[:-1] if ended else ans, skip_special_tokens=False)
-            row = ({"messages": rec.messages} if rec.kind == "chat"
-                   else {"prompt": rec.text, **({} if rec.chat else {"chat": False})})
-            f.write(json.dumps({**row, "response": text, "eos": ended}, ensure_ascii=False) + "\n")
-    tmp.replace(out)
+    write_answers(out, records, answers, tokenizer, eos)
     progress.unlink(missing_ok=True)
     n_tok = sum(len(a) for a in answers)
     print(f"{len(records)} answers, {n_tok} tokens in {time.perf_counter() - t0:.0f} s -> {out}")

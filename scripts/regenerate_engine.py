@@ -14,13 +14,14 @@ only (a slice, or a few to measure the rate). The output is written atomically (
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
 
 from eagle_trt.errors import EagleError, InputError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from regenerate_answers import write_answers  # noqa: E402  (one row format for both scripts)
 
 
 def main() -> None:
@@ -87,15 +88,7 @@ def run(args) -> None:
     answers, steps = answer_all(session, prompts, args.max_new_tokens, args.batch)
     seconds = time.perf_counter() - t0
     out = Path(args.output)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for rec, ans in zip(records, answers):
-            ended = bool(ans) and ans[-1] in eos
-            text = tok.decode(ans[:-1] if ended else ans, skip_special_tokens=False)
-            row = ({"messages": rec.messages} if rec.kind == "chat"
-                   else {"prompt": rec.text, **({} if rec.chat else {"chat": False})})
-            f.write(json.dumps({**row, "response": text, "eos": ended}, ensure_ascii=False) + "\n")
-    tmp.replace(out)
+    write_answers(out, records, answers, tok, eos)
     n_tok = sum(len(a) for a in answers)
     print(f"{len(records)} answers, {n_tok} tokens in {seconds:.0f} s ({n_tok / seconds:.1f} tokens/s, "
           f"{steps} steps, batch {args.batch}) -> {out}")
