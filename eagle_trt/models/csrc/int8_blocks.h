@@ -115,31 +115,28 @@ inline v16i join_halves(const __m256i& lo, const __m256i& hi) {
 
 // 16 bytes -> 16 int32 lanes, zero- or sign-extended (GCC's generic conversion of a byte vector is scalar code, so
 // the vector builds say it with intrinsics).
-inline v16i u8_lanes(const uint8_t* p) {
+template <bool Signed>
+inline v16i byte_lanes(const uint8_t* p) {
 #if defined(__AVX512F__)
-    return reinterpret_cast<v16i>(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return reinterpret_cast<v16i>(Signed ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b));
 #elif defined(__AVX2__)
-    const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
-    return join_halves(lo, hi);
+    const __m128i b0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    const __m128i b1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8));
+    if constexpr (Signed) return join_halves(_mm256_cvtepi8_epi32(b0), _mm256_cvtepi8_epi32(b1));
+    return join_halves(_mm256_cvtepu8_epi32(b0), _mm256_cvtepu8_epi32(b1));
 #else
+    if constexpr (Signed) {
+        v16s8 v;
+        std::memcpy(&v, p, 16);
+        return __builtin_convertvector(v, v16i);
+    }
     return __builtin_convertvector(load16(p), v16i);
 #endif
 }
 
-inline v16i s8_lanes(const uint8_t* p) {
-#if defined(__AVX512F__)
-    return reinterpret_cast<v16i>(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-#elif defined(__AVX2__)
-    const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
-    return join_halves(lo, hi);
-#else
-    v16s8 v;
-    std::memcpy(&v, p, 16);
-    return __builtin_convertvector(v, v16i);
-#endif
-}
+inline v16i u8_lanes(const uint8_t* p) { return byte_lanes<false>(p); }
+inline v16i s8_lanes(const uint8_t* p) { return byte_lanes<true>(p); }
 
 // 16 rows' (m_2p, m_2p+1) byte pairs -> one lane of two int16 per row.
 inline v16i u8_pairs(const uint8_t* p) {
