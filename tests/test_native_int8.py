@@ -3,8 +3,10 @@ q6_k) and per build (this machine's, AVX2, and AVX-VNNI where the CPU has it) th
 torch reference bit for bit, a T-row call equals T one-row calls bit for bit, the thread count changes nothing, the
 builds agree bit for bit, the result equals the torch reference (`Int8Reference`: the integers exactly, the fp32
 steps up to its float64 fma), and it stays within the activation quantization's error bound of the fp32 product over
-gguf-py's de-quantized weight."""
+gguf-py's de-quantized weight. Where the CPU has AMX-INT8, many-row calls go through the tiles
+(csrc/gemm_int8_amx.cpp): every call of every row count gives the vector path's bits."""
 
+import contextlib
 import functools
 
 import pytest
@@ -18,7 +20,7 @@ from eagle_trt.models.native.block_gemm import BlockProjection, pack
 from native_support import builds
 from test_native_blocks import random_blocks
 
-FORMATS = ["q8_0", "q4_0", "q5_0", "q4_k", "q6_k"]
+FORMATS = ["q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q6_k"]
 
 
 @functools.cache
@@ -99,10 +101,86 @@ def test_the_builds_agree_bit_for_bit(fmt):
         pytest.skip("one kernel build here")
     w = random_blocks(fmt, 33, 768, seed=3)
     for dtype in (torch.float32, torch.bfloat16):
-        x = torch.randn(5, 768, generator=torch.Generator().manual_seed(4)).to(dtype)
-        outs = {name: BlockProjection(lib, w, "int8")(x) for name, lib in libs.items()}
-        first = next(iter(outs.values()))
-        assert all(torch.equal(first, o) for o in outs.values()), list(outs)
+        for rows in (5, 17):  # 17: the tiles' rows where a build has them
+            x = torch.randn(rows, 768, generator=torch.Generator().manual_seed(4)).to(dtype)
+            outs = {name: BlockProjection(lib, w, "int8")(x) for name, lib in libs.items()}
+            first = next(iter(outs.values()))
+            assert all(torch.equal(first, o) for o in outs.values()), (list(outs), rows)
+
+
+@contextlib.contextmanager
+def tiles_from(lib, rows: int):
+    """Calls of `rows` rows or more take the AMX-INT8 tiles (where the library has them) inside the block."""
+    before = lib.int8_set_amx_rows(rows)
+    try:
+        yield
+    finally:
+        lib.int8_set_amx_rows(before)
+
+
+def tile_lib():
+    """A build whose many-row calls can take AMX-INT8 tiles here, or a skip saying why there is none."""
+    for lib in int8_builds().values():
+        if lib.int8_amx():
+            return lib
+    pytest.skip("no AMX-INT8 here (the CPU lacks amx_int8, or the kernels were built without it): the vector path "
+                "takes every call")
+
+
+NEVER = 1 << 40
+
+
+def test_the_tile_path_switch():
+    """From 8 rows by default; the setter answers the threshold it replaces and leaves it alone for rows <= 0."""
+    libs = int8_builds()
+    if not libs:
+        pytest.skip("no native kernels here")
+    lib = next(iter(libs.values()))
+    assert lib.int8_set_amx_rows(0) == 8
+    with tiles_from(lib, 3):
+        assert lib.int8_set_amx_rows(0) == 3
+    assert lib.int8_set_amx_rows(0) == 8
+    for name, other in libs.items():
+        assert other.int8_amx() in (0, 1)
+        if name in ("avx2", "avxvnni"):
+            assert other.int8_amx() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_tile_path_gives_the_vector_paths_bits(fmt, dtype):
+    """Every row count, with the tiles taking every call and with the vector path taking every call: the same bits
+    (one 16-row tile and a remainder, several of each, 2- and 3-block rests of q8_0/q4_0/q5_0's pairs of blocks,
+    a last group of fewer than 16 outputs), and the thread count changes nothing."""
+    lib = tile_lib()
+    for n, k in ((70, 768), (33, 512), (16, 1280)):
+        if fmt in ("q4_k", "q6_k") and k % 256:
+            continue
+        proj = BlockProjection(lib, random_blocks(fmt, n, k, seed=n), "int8")
+        x = torch.randn(41, k, generator=torch.Generator().manual_seed(k)).to(dtype)
+        with tiles_from(lib, NEVER):
+            vector = {m: proj(x[:m]) for m in (1, 2, 7, 8, 9, 16, 17, 32, 33, 41)}
+        with tiles_from(lib, 1):
+            for m, want in vector.items():
+                assert torch.equal(proj(x[:m]), want), (n, k, m)
+            for threads in (1, 3):
+                torch.set_num_threads(threads)
+                try:
+                    assert torch.equal(proj(x), vector[41])
+                finally:
+                    torch.set_num_threads(2)
+
+
+def test_the_tile_path_takes_mixed_segments():
+    lib = tile_lib()
+    parts = [random_blocks("q4_k", 16, 512, 5), random_blocks("q6_k", 24, 512, 7), random_blocks("q4_k", 9, 512, 6)]
+    fused = bw.projection_weight(parts)
+    x = torch.randn(19, 512, generator=torch.Generator().manual_seed(8)).bfloat16()
+    with tiles_from(lib, NEVER):
+        want = BlockProjection(lib, fused, "int8")(x)
+    with tiles_from(lib, 1):
+        assert torch.equal(BlockProjection(lib, fused, "int8")(x), want)
+        assert torch.equal(want, torch.cat([BlockProjection(lib, p, "int8")(x) for p in parts], dim=1))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -132,8 +210,8 @@ def test_mixed_segments_and_the_float_fallback(name):
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(8))
     y = BlockProjection(lib, fused, "int8")(x)
     assert torch.equal(y, torch.cat([BlockProjection(lib, p, "int8")(x) for p in parts], dim=1))
-    # A segment the int8 path lacks (q4_1) keeps the whole weight on the fp32 block path.
-    mixed = bw.projection_weight([random_blocks("q4_k", 16, 256, 5), random_blocks("q4_1", 16, 256, 9)])
+    # A segment the int8 path lacks (q5_1) keeps the whole weight on the fp32 block path.
+    mixed = bw.projection_weight([random_blocks("q4_k", 16, 256, 5), random_blocks("q5_1", 16, 256, 9)])
     proj = BlockProjection(lib, mixed, "int8")
     assert proj.compute == "float" and torch.equal(proj(x), BlockProjection(lib, mixed)(x))
     # The packed buffer says its layout: from_packed (the weight cache's path) keeps int8.

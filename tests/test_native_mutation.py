@@ -85,19 +85,28 @@ def test_the_block_projections_checks_catch_it(tiny_model_dir, mutants):
     assert not verify_equals_decode(block_target(tiny_model_dir, fp32, NativeKernels(mutants["GEMM"], fp32), "q8_0"))
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q5_0", "q4_k", "q6_k"])
-def test_the_int8_block_projections_checks_catch_it(tiny_model_dir, mutants, fmt):
+@pytest.mark.parametrize("path", ["vector", "tiles"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q6_k"])
+def test_the_int8_block_projections_checks_catch_it(tiny_model_dir, mutants, fmt, path):
     """The int8 block kernel under the same define rounds the last row's block step apart (product, then sum): its
-    row check fails for every format, and so does an int8 block target's verify-equals-decode."""
+    row check fails for every format, on the vector path and on the AMX-INT8 tiles (where the CPU has them), and so
+    does an int8 block target's verify-equals-decode."""
     from eagle_trt.models.native.block_gemm import BlockProjection
     from test_block_forward import block_target
     from test_native_blocks import random_blocks
 
-    w = random_blocks(fmt, 96, 512, seed=0)
-    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(1))
-    proj = BlockProjection(mutants["GEMM"], w, "int8")
-    together = proj(x)
-    alone = torch.cat([proj(x[i:i + 1]) for i in range(9)])
+    lib = mutants["GEMM"]
+    if path == "tiles" and not lib.int8_amx():
+        pytest.skip("no AMX-INT8 here: the vector path takes every call")
+    before = lib.int8_set_amx_rows(2 if path == "tiles" else 1 << 40)
+    try:
+        w = random_blocks(fmt, 96, 512, seed=0)
+        x = torch.randn(9, 512, generator=torch.Generator().manual_seed(1))
+        proj = BlockProjection(lib, w, "int8")
+        together = proj(x)
+        alone = torch.cat([proj(x[i:i + 1]) for i in range(9)])
+    finally:
+        lib.int8_set_amx_rows(before)
     assert torch.equal(together[:8], alone[:8]) and not torch.equal(together[8], alone[8])
     if fmt == "q4_0":
         fp32 = torch.float32

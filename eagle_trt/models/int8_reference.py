@@ -17,10 +17,10 @@ import torch
 from eagle_trt.models.block_weights import BlockWeight, Segment
 from eagle_trt.quant_blocks import _f16, _high_bits, _nibbles, _scale_min_k4
 
-FORMATS = ("q8_0", "q4_0", "q5_0", "q4_k", "q6_k")
+FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q6_k")
 # Weights per activation block (Q32 or Q256) and per scaled sub-block of each format.
-ACT_BLOCK = {"q8_0": 32, "q4_0": 32, "q5_0": 32, "q4_k": 256, "q6_k": 256}
-SUB = {"q8_0": 32, "q4_0": 32, "q5_0": 32, "q4_k": 32, "q6_k": 16}
+ACT_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q4_k": 256, "q6_k": 256}
+SUB = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q4_k": 32, "q6_k": 16}
 
 
 def supports(w: BlockWeight) -> bool:
@@ -41,8 +41,8 @@ def quantize(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
 @dataclass(frozen=True)
 class _Codes:
     """One segment's weights as integers: q [N, K] with the format's offset removed (q8_0's signed codes, q4_0's
-    q - 8, q5_0's q - 16, q6_k's q - 32; q4_k's raw codes), d [N, blocks], sc [N, K / SUB] (1 for the 32-blocks),
-    and q4_k's dmin [N, blocks] and m [N, K / 32]."""
+    q - 8, q5_0's q - 16, q6_k's q - 32; q4_k's and q4_1's raw codes), d [N, blocks], sc [N, K / SUB] (1 for the
+    32-blocks), q4_k's dmin [N, blocks] and m [N, K / 32], and q4_1's additive minimum add [N, blocks]."""
 
     format: str
     q: torch.Tensor
@@ -50,6 +50,7 @@ class _Codes:
     sc: torch.Tensor
     dmin: torch.Tensor | None = None
     m: torch.Tensor | None = None
+    add: torch.Tensor | None = None
 
 
 def _codes(fmt: str, data: torch.Tensor, k: int) -> _Codes:
@@ -59,6 +60,10 @@ def _codes(fmt: str, data: torch.Tensor, k: int) -> _Codes:
         q, d, sc = b[:, 2:34].view(torch.int8).to(torch.int32), _f16(b, 0), None
     elif fmt == "q4_0":
         q, d, sc = _nibbles(b[:, 2:18], 16) - 8, _f16(b, 0), None
+    elif fmt == "q4_1":
+        q = _nibbles(b[:, 4:20], 16)
+        return _Codes(fmt, q.reshape(n, k), _f16(b, 0).reshape(n, -1), torch.ones(n, k // 32, dtype=torch.int32),
+                      add=_f16(b, 2).reshape(n, -1))
     elif fmt == "q5_0":
         q, d, sc = (_nibbles(b[:, 6:22], 16) | (_high_bits(b[:, 2:6], 32) << 4)) - 16, _f16(b, 0), None
     elif fmt == "q4_k":
@@ -98,6 +103,9 @@ def _segment(c: _Codes, x: torch.Tensor) -> torch.Tensor:
         acc = _fma(s, i[:, :, blk].to(torch.float32), acc)
         if c.m is not None:
             acc = _fma(-(c.dmin[None, :, blk] * da[:, None, blk]), j[:, :, blk].to(torch.float32), acc)
+        if c.add is not None:  # q4_1: + m * da times the block's sum of codes
+            sums = a.reshape(m, blocks, 32)[:, blk].sum(-1).to(torch.float32)
+            acc = _fma(c.add[None, :, blk] * da[:, None, blk], sums[:, None].expand(-1, c.q.shape[0]), acc)
     return acc
 
 

@@ -6,10 +6,13 @@
 // segment's groups. A call quantizes its rows of x once (Q32 and/or Q256, as the segments need), then every thread
 // takes a contiguous range of groups (threads split output rows, never a sum) and, per group, register blocks of up
 // to kRows activation rows share each loaded weight vector: a T-row verify streams the weight once, not T times.
+// From amx_min_rows rows on, where the CPU has AMX-INT8, a group goes through the tiles instead (gemm_int8_amx.cpp):
+// the same integers and fp32 steps, so the same bits, with the weight unpacked once for 16 rows.
 
 #include <cstdint>
 #include <cstring>
 
+#include "int8_amx.h"
 #include "int8_blocks.h"
 #include "int8_dot.h"
 #include "kernels.h"
@@ -31,9 +34,10 @@ constexpr int kRows = 4;  // k-quants: 3 int32 and 1 fp32 accumulators a row, of
 constexpr int kRows = 2;  // each 16-lane value is two of AVX2's 16 registers
 #endif
 
-struct Segment {
-    int64_t format, rows, group_bytes, offset;
-};
+using Segment = Int8Segment;
+
+// Calls of at least this many rows take the tile path where there is one (eagle_trt_int8_set_amx_rows).
+int64_t amx_min_rows = 8;
 
 int read_weight(const uint8_t* w, int64_t K, int64_t N, int64_t& n, Segment* seg) {
     int64_t h[kHeaderWords];
@@ -48,17 +52,6 @@ int read_weight(const uint8_t* w, int64_t K, int64_t N, int64_t& n, Segment* seg
         rows += e[1];
     }
     return rows == N ? 0 : -2;
-}
-
-// The block step of the header comment; under the mutation test's define the last row of a many-row call rounds the
-// product apart from the sum (tests/test_native_mutation.py shows the row checks catch it).
-inline v16f step(v16f scale, v16i i, v16f acc, bool perturb) {
-#ifdef EAGLE_TRT_MUTATE_GEMM
-    if (perturb) return acc + scale * to_f32(i);
-#else
-    (void)perturb;
-#endif
-    return fma16(scale, to_f32(i), acc);
 }
 
 template <int R>
@@ -91,14 +84,6 @@ void group_q4_0(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool pert
     }
 }
 
-// q5_0's code vectors j (k = 4j + t) and j + 4 (k = 16 + 4j + t): nibbles, and the fifth bit moved to bit 4 of each
-// byte by a 32-bit shift (bits that cross a byte are masked off).
-template <int j>
-inline void q5_codes(v16u v, v16u h, v16u& lo, v16u& hi) {
-    lo = (v & 0x0F0F0F0Fu) | ((h << (4 - j)) & 0x10101010u);
-    hi = ((v >> 4) & 0x0F0F0F0Fu) | ((h >> j) & 0x10101010u);
-}
-
 template <int R, int j>
 inline void q5_quad(const uint8_t* g, const QRow* q, int64_t b, v16i* dot) {
     v16u lo, hi;
@@ -106,6 +91,25 @@ inline void q5_quad(const uint8_t* g, const QRow* q, int64_t b, v16i* dot) {
     for (int r = 0; r < R; ++r) {
         dot[r] = dot4(dot[r], lo, load_quad(q[r].a + 32 * b + 4 * j));
         dot[r] = dot4(dot[r], hi, load_quad(q[r].a + 32 * b + 16 + 4 * j));
+    }
+}
+
+template <int R>
+void group_q4_1(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool perturb) {
+    for (int64_t b = 0; b < K / 32; ++b, g += 320) {
+        v16i dot[R] = {};
+        for (int j = 0; j < 4; ++j) {
+            const v16u v = load_quads(g + 64 + 64 * j), lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
+            for (int r = 0; r < R; ++r) {
+                dot[r] = dot4(dot[r], lo, load_quad(q[r].a + 32 * b + 4 * j));
+                dot[r] = dot4(dot[r], hi, load_quad(q[r].a + 32 * b + 16 + 4 * j));
+            }
+        }
+        const v16f d = halves16(g), m = halves16(g + 32);
+        for (int r = 0; r < R; ++r) {
+            acc[r] = step(d * q[r].d[b], dot[r], acc[r], false);
+            acc[r] = step(m * q[r].d[b], v16i{} + q[r].s[b], acc[r], perturb && r == R - 1);
+        }
     }
 }
 
@@ -155,14 +159,6 @@ void group_q4_k(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool pert
     }
 }
 
-// A q6_k code vector: 4 low bits from the nibble vector, 2 high bits from bits 2j, 2j + 1 of the high vector (moved
-// to bits 4, 5 of each byte by a 32-bit shift: the bits that cross a byte are masked off).
-template <int j>
-inline v16u q6_codes(v16u nib, v16u high) {
-    const v16u h = j == 0 ? high << 4 : j == 1 ? high << 2 : j == 2 ? high : high >> 2;
-    return (nib & 0x0F0F0F0Fu) | (h & 0x30303030u);
-}
-
 template <int R, int j>
 inline void q6_quad(const uint8_t* ch, const int8_t* const* a, v16i* lo_dot, v16i* hi_dot) {
     const v16u v = load_quads(ch + 64 * j);
@@ -203,6 +199,7 @@ void group_dot(int64_t format, const uint8_t* g, int64_t K, const QRow* q, v16f*
     switch (format) {
         case kQ8_0: group_q8_0<R>(g, K, q, acc, perturb); break;
         case kQ4_0: group_q4_0<R>(g, K, q, acc, perturb); break;
+        case kQ4_1: group_q4_1<R>(g, K, q, acc, perturb); break;
         case kQ5_0: group_q5_0<R>(g, K, q, acc, perturb); break;
         case kQ4_K: group_q4_k<R>(g, K, q, acc, perturb); break;
         default: group_q6_k<R>(g, K, q, acc, perturb); break;
@@ -216,22 +213,34 @@ constexpr GroupFn kTable[kRows] = {group_dot<1>, group_dot<2>, group_dot<3>, gro
 constexpr GroupFn kTable[kRows] = {group_dot<1>, group_dot<2>};
 #endif
 
-inline bool is_q32(int64_t format) { return format == kQ8_0 || format == kQ4_0 || format == kQ5_0; }
+inline bool is_q32(int64_t format) {
+    return format == kQ8_0 || format == kQ4_0 || format == kQ4_1 || format == kQ5_0;
+}
 
 inline int64_t pad64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
 // The call's rows quantized (Q32 into rows[0 .. M), Q256 into rows[M .. 2M), as the weight needs), in a per-thread
-// buffer kept across calls: false when it could not be allocated.
+// buffer kept across calls: false when it could not be allocated. Row m's codes of either kind lie `stride` bytes
+// after row m - 1's (tiles[0]: Q32, tiles[1]: Q256), and with pad the rows up to the next multiple of 16 are zero
+// codes, for the tiles, which load 16 rows.
 template <typename T>
-bool quantize_rows(const T* x, int64_t M, int64_t K, bool need32, bool need256, QRow*& rows) {
+bool quantize_rows(const T* x, int64_t M, int64_t K, bool need32, bool need256, bool pad, QRow*& rows,
+                   TileRows* tiles) {
     const int64_t row32 = pad64(K) + 2 * pad64(K / 32 * 4);
     const int64_t row256 = pad64(K) + pad64(K / 256 * 4) + pad64(K / 16 * 2) + pad64(K / 32 * 4);
     const int64_t per = (need32 ? row32 : 0) + (need256 ? row256 : 0);
+    const int64_t padded = pad ? (M + 15) / 16 * 16 : M;
     static thread_local Buffer b_q, b_rows, b_x;
-    uint8_t* p = b_q.get<uint8_t>(static_cast<size_t>(M * per));
+    uint8_t* p = b_q.get<uint8_t>(static_cast<size_t>(padded * per));
     rows = b_rows.get<QRow>(static_cast<size_t>(2 * M));
     float* xf = b_x.get(static_cast<size_t>(K));
     if (!p || !rows || !xf) return false;
+    tiles[0] = TileRows{reinterpret_cast<const int8_t*>(p), per};
+    tiles[1] = TileRows{reinterpret_cast<const int8_t*>(p + (need32 ? row32 : 0)), per};
+    for (int64_t m = M; m < padded; ++m) {
+        if (need32) std::memset(p + m * per, 0, static_cast<size_t>(K));
+        if (need256) std::memset(p + m * per + (need32 ? row32 : 0), 0, static_cast<size_t>(K));
+    }
     for (int64_t m = 0; m < M; ++m) {
         for (int64_t k = 0; k < K; ++k) xf[k] = Elem<T>::get(x + m * K + k);
         if (need32) {
@@ -286,8 +295,10 @@ int int8_gemm(const T* x, const uint8_t* w, T* out, int64_t M, int64_t K, int64_
         (is_q32(seg[s].format) ? need32 : need256) = true;
         groups += (seg[s].rows + kGroup - 1) / kGroup;
     }
+    const bool tiles = M >= amx_min_rows && int8_amx_ready();
     QRow* rows = nullptr;
-    if (!quantize_rows(x, M, K, need32, need256, rows)) return -1;
+    TileRows codes[2];
+    if (!quantize_rows(x, M, K, need32, need256, tiles, rows, codes)) return -1;
     const int nthreads = threads > 0 ? threads : 1;
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1 && groups > 1)
     {
@@ -296,6 +307,8 @@ int int8_gemm(const T* x, const uint8_t* w, T* out, int64_t M, int64_t K, int64_
 #else
         const int64_t tid = 0, nt = 1;
 #endif
+        alignas(64) uint8_t saved[64] = {};
+        if (tiles) int8_amx_configure(saved, M);
         const int64_t g0 = groups * tid / nt, g1 = groups * (tid + 1) / nt;
         int64_t s = 0, first = 0, n0 = 0;  // segment s's groups start at global group `first`, its rows at n0
         for (int64_t gi = g0; gi < g1; ++gi) {
@@ -304,9 +317,13 @@ int int8_gemm(const T* x, const uint8_t* w, T* out, int64_t M, int64_t K, int64_
                 n0 += seg[s].rows;
                 ++s;
             }
-            const QRow* q = is_q32(seg[s].format) ? rows : rows + M;
-            run_group(w, seg[s], gi - first, n0 + (gi - first) * kGroup, q, M, K, N, out);
+            const bool q32 = is_q32(seg[s].format);
+            const QRow* q = q32 ? rows : rows + M;
+            const int64_t col = n0 + (gi - first) * kGroup;
+            if (tiles) int8_amx_group(w, seg[s], gi - first, col, q, codes[q32 ? 0 : 1], M, K, N, out);
+            else run_group(w, seg[s], gi - first, col, q, M, K, N, out);
         }
+        if (tiles) int8_amx_restore(saved);
     }
     return 0;
 }
@@ -322,3 +339,18 @@ int int8_blocks_gemm(const void* x, const uint8_t* w, void* out, int64_t M, int6
 }
 
 }  // namespace eagle_trt
+
+extern "C" {
+
+// 1 where many-row calls go through AMX-INT8 tiles (this build has them and the process was granted them), else 0.
+int eagle_trt_int8_amx(void) { return eagle_trt::int8_amx_ready() ? 1 : 0; }
+
+// Calls of at least `rows` rows take the tile path where there is one (both paths give the same bits; benchmarks and
+// tests move the switch). Returns the previous threshold; rows <= 0 only reads it. Not for use while a call runs.
+int64_t eagle_trt_int8_set_amx_rows(int64_t rows) {
+    const int64_t before = amx_min_rows;
+    if (rows > 0) amx_min_rows = rows;
+    return before;
+}
+
+}  // extern "C"

@@ -4,10 +4,11 @@
 // The formats (GGUF, ggml-common.h; the same facts as quant_blocks.py):
 //   q8_0: 32 weights, w = d * q, q int8.
 //   q4_0: 32 weights, w = d * (q - 8), q 4-bit; byte i of a block holds k = i (low nibble) and k = i + 16 (high).
+//   q4_1: 32 weights, w = d * q + m, q 4-bit, nibbles as q4_0's.
 //   q5_0: 32 weights, w = d * (q - 16), q 5-bit: q4_0's nibbles and a little-endian uint32 whose bit k is k's 5th.
 //   q4_k: 256 weights in 8 sub-blocks s of 32, 6-bit scale sc_s and minimum m_s: w = (d * sc_s) * q - dmin * m_s.
 //   q6_k: 256 weights in 16 sub-blocks s of 16, int8 scale sc_s: w = (d * sc_s) * (q - 32), q 6-bit.
-// An activation row x is quantized row-locally, symmetric, per block of 32 (for q8_0, q4_0, q5_0: "Q32") or of 256 (for
+// An activation row x is quantized row-locally, symmetric, per block of 32 (for q8_0, q4_0, q4_1, q5_0: "Q32") or of 256 (for
 // q4_k, q6_k: "Q256", with the sums of its 16- and 32-element sub-blocks, as ggml's Q8_K keeps them):
 //   amax = max |x| over the block; da = amax / 127; a = round_half_even(x * (127 / amax)) in [-127, 127];
 //   amax == 0: da = 0 and a = 0.                                        S = sum of a over a (sub-)block.
@@ -15,6 +16,8 @@
 // both block sizes.) Per weight block and output row, an exact int32 part and then one fixed fp32 step:
 //   q8_0: I = sum q a                                  acc = fma(d * da, float(I), acc)
 //   q4_0: I = sum q a - 8 S                            acc = fma(d * da, float(I), acc)
+//   q4_1: I = sum q a                                  acc = fma(d * da, float(I), acc);
+//                                                      acc = fma(m * da, float(S), acc)
 //   q5_0: I = sum q a - 16 S                           acc = fma(d * da, float(I), acc)
 //   q4_k: I = sum_s sc_s sum_s(q a), J = sum_s m_s S_s  acc = fma(d * da, float(I), acc);
 //                                                      acc = fma(-(dmin * da), float(J), acc)
@@ -30,6 +33,7 @@
 // stores them; u8 codes with the format's offset kept, removed through S):
 //   q8_0 (544 B): d[16] | 8 quad vectors of q + 128, vector j = k 4j .. 4j+3.
 //   q4_0 (288 B): d[16] | 4 quad vectors, vector j byte t: low nibble k = 4j + t, high nibble k = 16 + 4j + t.
+//   q4_1 (320 B): d[16] | m[16] | q4_0's 4 quad vectors.
 //   q5_0 (352 B): q4_0's | one quad vector of fifth bits: byte t, bit j: k = 4j + t; bit 4 + j: k = 16 + 4j + t.
 //   q4_k (2368 B): d[16] | dmin[16] | sc[8][16] u8 | m[4][16][2] u8 (m_2p, m_2p+1 per row) | 4 chunks of 64 k, each
 //                  8 quad vectors: vector j byte t: low nibble k = 64c + 4j + t, high nibble k = 64c + 32 + 4j + t.
@@ -54,6 +58,7 @@ inline int64_t int8_block_bytes(int64_t format) {
     switch (format) {
         case kQ8_0: return 544;
         case kQ4_0: return 288;
+        case kQ4_1: return 320;
         case kQ5_0: return 352;
         case kQ4_K: return 2368;
         case kQ6_K: return 3360;

@@ -98,4 +98,32 @@ inline v16i dot_q8(v16i acc, v16u u, int32_t a) {
 #endif
 }
 
+// The fp32 block step of int8_blocks.h's formula, which the vector path and the AMX-INT8 tiles (gemm_int8_amx.cpp) both
+// take; under the mutation test's define the last row of a many-row call rounds the product apart from the sum
+// (tests/test_native_mutation.py shows the row checks catch it on either path).
+inline v16f step(v16f scale, v16i i, v16f acc, bool perturb) {
+#ifdef EAGLE_TRT_MUTATE_GEMM
+    if (perturb) return acc + scale * to_f32(i);
+#else
+    (void)perturb;
+#endif
+    return fma16(scale, to_f32(i), acc);
+}
+
+// q5_0's code vectors j (k = 4j + t) and j + 4 (k = 16 + 4j + t): nibbles, and the fifth bit moved to bit 4 of each
+// byte by a 32-bit shift (bits that cross a byte are masked off).
+template <int j>
+inline void q5_codes(v16u v, v16u h, v16u& lo, v16u& hi) {
+    lo = (v & 0x0F0F0F0Fu) | ((h << (4 - j)) & 0x10101010u);
+    hi = ((v >> 4) & 0x0F0F0F0Fu) | ((h >> j) & 0x10101010u);
+}
+
+// A q6_k code vector: 4 low bits from the nibble vector, 2 high bits from bits 2j, 2j + 1 of the high vector (moved
+// to bits 4, 5 of each byte by a 32-bit shift: the bits that cross a byte are masked off).
+template <int j>
+inline v16u q6_codes(v16u nib, v16u high) {
+    const v16u h = j == 0 ? high << 4 : j == 1 ? high << 2 : j == 2 ? high : high >> 2;
+    return (nib & 0x0F0F0F0Fu) | (h & 0x30303030u);
+}
+
 }  // namespace eagle_trt

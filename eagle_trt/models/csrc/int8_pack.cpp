@@ -55,6 +55,10 @@ void repack_block(int64_t format, const uint8_t* const* src, int valid, uint8_t*
                     const uint8_t q = b[2 + 4 * j + t];
                     dst[32 + 64 * j + 4 * r + t] = format == kQ8_0 ? static_cast<uint8_t>(q ^ 0x80) : q;
                 }
+        } else if (format == kQ4_1) {
+            std::memcpy(dst + 2 * r, b, 2);
+            std::memcpy(dst + 32 + 2 * r, b + 2, 2);
+            for (int j = 0; j < 4; ++j) std::memcpy(dst + 64 + 64 * j + 4 * r, b + 4 + 4 * j, 4);
         } else if (format == kQ5_0) {
             std::memcpy(dst + 2 * r, b, 2);
             uint32_t qh;

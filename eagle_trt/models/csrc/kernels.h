@@ -34,6 +34,9 @@ int64_t eagle_trt_int8_group_bytes(int64_t format, int64_t K);
 int eagle_trt_int8_repack(int64_t format, const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst);
 int eagle_trt_int8_quantize(const float* x, int64_t M, int64_t K, int64_t block, int8_t* a, float* d);
 int eagle_trt_int8_dot(void);
+// Many-row calls on AMX-INT8 tiles (gemm_int8_amx.cpp): whether they run here, and from how many rows.
+int eagle_trt_int8_amx(void);
+int64_t eagle_trt_int8_set_amx_rows(int64_t rows);
 
 // bf16 projections on AMX tiles (gemm_amx.cpp).
 int eagle_trt_amx_available(void);

@@ -5,9 +5,9 @@ bits of one-row calls and every ISA (AVX512-VNNI, AVX-VNNI, AVX2) gives the same
 
 The buffer: the header of `block_gemm.pack` (int64 words: magic, in, out, the segment count, then per segment its
 ggml type id, rows, bytes per 16-row group and byte offset) under its own magic, then each segment's groups of 16
-interleaved output rows, 64-byte aligned. Formats: q8_0, q4_0, q5_0, q4_k, q6_k (a Q8_0 or Q4_K_M GGUF's; q5_0 is
-Q4_K_M's for input sizes that are not multiples of 256); a weight with a segment in another format (q4_1, q5_1,
-q5_k, float rows) stays on the fp32 block path (`block_gemm`).
+interleaved output rows, 64-byte aligned. Formats: q8_0, q4_0, q4_1, q5_0, q4_k, q6_k (a Q8_0, Q4_0, Q4_1 or
+Q4_K_M GGUF's; q5_0 is Q4_K_M's for input sizes that are not multiples of 256); a weight with a segment in another
+format (q5_1, q5_k, float rows) stays on the fp32 block path (`block_gemm`).
 
     buf = pack(lib, block_weights.quantize(w, "q4_0"))    # eagle_trt_blocks_gemm takes it as it takes pack()'s
 """
@@ -19,7 +19,7 @@ import torch
 from eagle_trt.models.block_weights import FORMATS as TYPE_IDS, BlockWeight
 
 MAGIC = 0x3138514250525445  # "ETRPBQ81" little-endian (kInt8Magic in csrc/int8_blocks.h)
-FORMATS = ("q8_0", "q4_0", "q5_0", "q4_k", "q6_k")
+FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q6_k")
 GROUP = 16  # output rows per group: one 16-lane vector
 MAX_SEGMENTS = 4
 HEADER_WORDS = 8 + 4 * MAX_SEGMENTS
