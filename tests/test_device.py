@@ -87,3 +87,36 @@ def test_cache_batch_widens_the_stored_features_on_the_requested_device(tiny_mod
     moved = cache.batch([0, 2], device="meta")
     for k, v in batch.items():
         assert moved[k].device.type == "meta" and moved[k].dtype == v.dtype and moved[k].shape == v.shape
+
+
+def test_precision_names_and_auto():
+    from eagle_trt.convert.device import resolve_precision
+    from eagle_trt.models import isa
+
+    cpu = torch.device("cpu")
+    assert resolve_precision("float32", cpu) == torch.float32
+    assert resolve_precision(" BFloat16 ", cpu) == torch.bfloat16
+    # auto: bf16 where the CPU has AMX-BF16 tiles (several times fp32's speed there), fp32 elsewhere
+    want = torch.bfloat16 if "amx_bf16" in isa.cpu_flags() else torch.float32
+    assert resolve_precision("auto", cpu) == resolve_precision(None, cpu) == want
+    with pytest.raises(InputError, match="--precision must be one of auto, float32, bfloat16"):
+        resolve_precision("fp16", cpu)
+
+
+def test_training_matmul_autocasts_bf16_only_when_asked():
+    x = torch.randn(4, 8)
+    w = torch.randn(8, 3)
+    with training_matmul(torch.device("cpu")):
+        assert (x @ w).dtype == torch.float32
+    with training_matmul(torch.device("cpu"), torch.bfloat16):
+        assert (x @ w).dtype == torch.bfloat16
+    assert (x @ w).dtype == torch.float32  # left on the way out
+
+
+def test_convert_refuses_a_bad_precision_before_loading(tiny_model_dir, tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "hi", "response": "there"}) + "\n")
+    r = CliRunner().invoke(app, ["convert", str(tiny_model_dir), "--output", str(tmp_path / "ck"), "--steps", "1",
+                                 "--data", str(data), "--precision", "half"])
+    assert r.exit_code == 2 and "--precision must be one of" in r.output
+    assert not (tmp_path / "ck").exists()

@@ -195,3 +195,35 @@ def test_note_and_ids_must_agree(ckpt, tmp_path):
     with pytest.raises(CheckpointError, match="eagle_trt.json says"):
         load_head(tmp_path / "v", TINY_TARGET)
     shutil.rmtree(tmp_path / "v")
+
+
+def test_a_head_shipped_as_q8_0_rows(ckpt, tiny_model_dir, tmp_path):
+    """export_head.py --q8-0: the projections as GGUF q8_0 rows (fewer bytes than fp16); convert --head reads them
+    back de-quantized (gguf-py's values), the head drafts with the output of the same target unchanged, and q8_0
+    of the de-quantized weights gives the shipped blocks again (a draft_weights: q8_0 build loses nothing more)."""
+    import subprocess
+    import sys
+
+    from eagle_trt.interop.head_blocks import Q8_KEY, unpack_q8_0
+    from eagle_trt.quant_encode import quantize_rows
+
+    out = tmp_path / "q8head"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "export_head.py"), str(ckpt), str(out), "--q8-0"],
+                   check=True, capture_output=True)
+    shipped = load_file(str(out / "model.safetensors"))
+    packed = [k for k, t in shipped.items() if t.dtype == torch.uint8]
+    assert "lm_head.weight" in packed and "fc.weight" in packed
+    fp32 = load_file(str(ckpt / "draft" / "model.safetensors"))
+    back = convert_model(tiny_model_dir, tmp_path / "back", head=out, progress=False, calibrate_kv=False)
+    got = load_file(str(back.draft_dir / "model.safetensors"))
+    assert set(got) == set(fp32)
+    for k in packed:
+        assert got[k].dtype == torch.float32 and got[k].shape == fp32[k].shape
+        assert torch.equal(quantize_rows(got[k], "q8_0").data, shipped[k])  # requantizing: the same blocks
+        assert (got[k] - fp32[k]).abs().max() <= fp32[k].abs().max() / 127  # within a code of the fp32 head
+    tokens, tau = _decode(back.output_dir, [[256, 5, 6, 7, 5, 6]])
+    assert tokens == _decode(ckpt, [[256, 5, 6, 7, 5, 6]])[0] and tau[0] >= 1.0
+    with pytest.raises(CheckpointError, match="names tensor 'missing'"):
+        unpack_q8_0({}, {Q8_KEY: '{"missing": [2, 32]}'})
+    with pytest.raises(CheckpointError, match="not a JSON object"):
+        unpack_q8_0({}, {Q8_KEY: "[1, 2]"})

@@ -285,3 +285,26 @@ def test_convert_trains_exports_and_reports(tiny_model_dir, chats, tmp_path):
 
     with pytest.raises(InputError, match="--data"):
         convert_model(tiny_model_dir, tmp_path / "x", steps=3, progress=False)
+
+
+def test_a_narrow_head_trained_in_bf16(tiny_model_dir, chats, tmp_path):
+    """--head-intermediate-size sets the head's MLP width (the exported config and tensors say it), --precision
+    bfloat16 trains under bf16 autocast (the record says it; weights stay fp32), and the two refuse nonsense."""
+    from eagle_trt.convert import convert_model
+    from eagle_trt.errors import InputError
+    from eagle_trt.models.weights import load_safetensors
+
+    out = tmp_path / "narrow"
+    convert_model(tiny_model_dir, out, steps=3, draft_vocab_size=64, data=[chats], seq_len=48, batch_size=4,
+                  progress=False, validate=False, calibrate_kv=False, head_intermediate_size=24, precision="bfloat16")
+    cfg = json.loads((out / "draft" / "config.json").read_text())
+    assert cfg["intermediate_size"] == 24
+    w = load_safetensors(out / "draft" / "model.safetensors")
+    ups = [v for k, v in w.items() if k.endswith("up_proj.weight")]
+    assert ups and all(v.shape[0] == 24 and v.dtype == torch.float32 for v in ups)
+    training = json.loads((out / "convert.json").read_text())["training"]
+    assert training["config"]["precision"] == "bfloat16" and training["config"]["head_intermediate_size"] == 24
+    assert training["steps"] == 3 and torch.isfinite(torch.tensor([training["first_loss"], training["loss_last20"]])).all()
+    for bad in (dict(head_intermediate_size=0), dict(head_intermediate_size=8, head=out / "draft")):
+        with pytest.raises(InputError, match="--head-intermediate-size"):
+            convert_model(tiny_model_dir, tmp_path / "x", steps=1, data=[chats], progress=False, **bad)

@@ -23,6 +23,9 @@ def convert(
     draft_vocab_size: Annotated[Optional[int], typer.Option(
         help="Draft vocabulary: the N target tokens most often predicted on the data (default: full vocab). "
              "A small head vocab is what makes drafting cheap.")] = None,
+    head_intermediate_size: Annotated[Optional[int], typer.Option(
+        help="The head's MLP width (default: the target's). Narrower drafts and trains for less: a 1.5B-class "
+             "target's full width makes a head of over 40M parameters.")] = None,
     seq_len: Annotated[int, typer.Option(help="Training sequence length in tokens.")] = 512,
     batch_size: Annotated[int, typer.Option(help="Sequences per optimizer step.")] = 4,
     lr: Annotated[float, typer.Option(help="AdamW learning rate (linear warmup, cosine decay).")] = 3e-4,
@@ -69,6 +72,10 @@ def convert(
     device: Annotated[str, typer.Option(
         help="Where regeneration, feature caching and training run: auto (a CUDA GPU if torch sees one), cpu, "
              "cuda or cuda:N. The checkpoint, its validation and KV calibration are always on the CPU.")] = "auto",
+    precision: Annotated[str, typer.Option(
+        help="The matrix products' dtype while caching features and training: auto (bfloat16 on a GPU, and on a "
+             "CPU with AMX tiles, where it is several times faster; float32 elsewhere), float32 or bfloat16. "
+             "Weights, gradients and the optimizer stay float32 (autocast).")] = "auto",
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it already exists.")] = False,
     nproc: Annotated[int, typer.Option(
         "--nproc", help="Train with N processes on this machine (torch.distributed: gloo on the CPU, NCCL on GPUs, "
@@ -96,10 +103,12 @@ def convert(
     if nproc != 1:
         raise typer.Exit(handle_errors(_launch)(nproc, steps > 0 or epochs is not None))
     handle_errors(_convert)(model, output, dict(
-        steps=steps, epochs=epochs, data=data or None, draft_vocab_size=draft_vocab_size, seq_len=seq_len,
+        steps=steps, epochs=epochs, data=data or None, draft_vocab_size=draft_vocab_size,
+        head_intermediate_size=head_intermediate_size, seq_len=seq_len,
         batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, ttt_steps=ttt_steps, regenerate=regenerate,
         max_new_tokens=max_new_tokens, resume=resume, work_dir=work_dir, checkpoint_every=checkpoint_every,
-        seed=seed, validate=validate, head=head, calibrate_kv=calibrate_kv, device=device, overwrite=force,
+        seed=seed, validate=validate, head=head, calibrate_kv=calibrate_kv, device=device, precision=precision,
+        overwrite=force,
         max_shard_size=max_shard_size,
         draft_model=draft_model),
         json_out, None if regenerate_endpoint is None else dict(

@@ -47,9 +47,12 @@ def _rope(config) -> tuple[float, dict]:
     return float(theta), params
 
 
-def eagle3_architecture(config, draft_vocab_size: int | None = None) -> dict:
-    """The `eagle_architecture_config` for a target HF config (merged over modelopt's defaults)."""
+def eagle3_architecture(config, draft_vocab_size: int | None = None, intermediate_size: int | None = None) -> dict:
+    """The `eagle_architecture_config` for a target HF config (merged over modelopt's defaults). The head's MLP is
+    the target's width unless `intermediate_size` says otherwise (a narrower head drafts and trains for less)."""
     vocab = config.vocab_size
+    if intermediate_size is not None and intermediate_size < 1:
+        raise InputError(f"--head-intermediate-size must be >= 1; got {intermediate_size}")
     draft_vocab = vocab if draft_vocab_size is None else int(draft_vocab_size)
     if not 1 <= draft_vocab <= vocab:
         raise InputError(f"draft vocab size must be between 1 and the target vocab ({vocab}); got {draft_vocab}")
@@ -63,7 +66,7 @@ def eagle3_architecture(config, draft_vocab_size: int | None = None) -> dict:
         "num_attention_heads": config.num_attention_heads,
         "num_key_value_heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
         "head_dim": getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
-        "intermediate_size": config.intermediate_size,
+        "intermediate_size": int(intermediate_size or config.intermediate_size),
         "hidden_act": getattr(config, "hidden_act", "silu"),
         "rms_norm_eps": config.rms_norm_eps,
         "rope_theta": theta,
@@ -82,7 +85,8 @@ def import_modelopt() -> None:
     importlib.import_module("modelopt.torch.speculative")
 
 
-def attach_eagle3(model, draft_vocab_size: int | None = None, seed: int = DRAFT_INIT_SEED):
+def attach_eagle3(model, draft_vocab_size: int | None = None, seed: int = DRAFT_INIT_SEED,
+                  intermediate_size: int | None = None):
     """Convert `model` in place into a modelopt EAGLE-3 model and return it.
 
     The head init is seeded (without disturbing the caller's RNG), so the same target and options
@@ -93,7 +97,7 @@ def attach_eagle3(model, draft_vocab_size: int | None = None, seed: int = DRAFT_
     import modelopt.torch.speculative as mtsp
 
     config = {
-        "eagle_architecture_config": eagle3_architecture(model.config, draft_vocab_size),
+        "eagle_architecture_config": eagle3_architecture(model.config, draft_vocab_size, intermediate_size),
         # Conversion is not training: torch.compile wrappers only add start-up cost here.
         "eagle_use_torch_compile": False,
         # modelopt would otherwise write a YaRN x32 rope_scaling into the exported draft config;

@@ -87,7 +87,8 @@ def _made_by_rank_0(work: Path) -> Callable:
 
 
 def attach_and_train(model, tokenizer, info, stage: Path | None, stages: Stages, work: Path, train: dict | None,
-                     draft_vocab_size: int | None, eos: list[int]) -> tuple[dict, dict, list]:
+                     draft_vocab_size: int | None, eos: list[int], intermediate_size: int | None = None
+                     ) -> tuple[dict, dict, list]:
     """Attach the EAGLE-3 head with modelopt, train it if `train` (the training options) says so, export it to
     stage/draft. Returns (draft config, training summary ({} untrained), held-out prompt ids).
 
@@ -105,10 +106,10 @@ def attach_and_train(model, tokenizer, info, stage: Path | None, stages: Stages,
                 batch_size=train["batch_size"], regenerate=train["regenerate"],
                 max_new_tokens=train["max_new_tokens"], val_prompts=train["val_prompts"],
                 draft_vocab_size=draft_vocab_size, eos=eos, world=world,
-                endpoint=train.get("endpoint"))
+                endpoint=train.get("endpoint"), precision=train.get("precision", torch.float32))
         with stages.stage("attach", "Attaching EAGLE-3 head (modelopt)"):
             # On the CPU: the head's seeded initialisation is then the same whatever device trains it.
-            model = attach_eagle3(model.cpu(), draft_vocab_size)
+            model = attach_eagle3(model.cpu(), draft_vocab_size, intermediate_size=intermediate_size)
         if train:
             model, result, run_config = _train(model, cache, d2t, info, train, work, stages, world)
     if stage is None:
@@ -118,6 +119,8 @@ def attach_and_train(model, tokenizer, info, stage: Path | None, stages: Stages,
                                                       "ttt_steps": train["ttt_steps"], "seed": train["seed"],
                                                       "regenerate": train["regenerate"],
                                                       "device": str(train["run_on"]), "world_size": world.size,
+                                                      "precision": str(train.get("precision", torch.float32))
+                                                      .replace("torch.", ""),
                                                       **_endpoint_summary(train.get("endpoint"))},
                     **result.summary()}
     with stages.stage("export_draft", "Writing draft head"):
@@ -125,6 +128,19 @@ def attach_and_train(model, tokenizer, info, stage: Path | None, stages: Stages,
         if train:  # the training text doubles as the head's prompt-lookup datastore
             training["datastore_tokens"] = write_datastore(stage / "draft" / DATASTORE_NAME, dataset.sequences)
     return draft_config, training, dataset.val_prompts if dataset is not None else []
+
+
+def _precision_field(train: dict) -> dict:
+    """The training's matrix-product dtype where it is not fp32 (an fp32 run's config keeps its old form, so its
+    checkpoints still resume)."""
+    precision = train.get("precision", torch.float32)
+    return {} if precision == torch.float32 else {"precision": str(precision).replace("torch.", "")}
+
+
+def _width_field(model) -> dict:
+    """The head's MLP width where it is not the target's (a default-width run's config keeps its old form)."""
+    width = model.eagle_config.intermediate_size
+    return {} if width == model.config.intermediate_size else {"head_intermediate_size": width}
 
 
 def _endpoint_summary(served) -> dict:
@@ -142,9 +158,11 @@ def _train(model, cache, d2t, info, train: dict, work: Path, stages: Stages, wor
     model.to(run_on)
     run_config = run_config_dict(target=info.path, draft_vocab_size=model.eagle_config.draft_vocab_size,
                                  aux_layer_ids=list(model.eagle_config.eagle_aux_hidden_state_layer_ids),
-                                 seq_len=train["seq_len"], lr=train["lr"], warmup_steps=train["warmup_steps"])
+                                 seq_len=train["seq_len"], lr=train["lr"], warmup_steps=train["warmup_steps"],
+                                 **_precision_field(train), **_width_field(model))
     where = f"{world.size} ranks ({run_on.type})" if world.active else str(run_on)
-    with stages.stage("train", f"Training draft head on {where}", spinner=False), training_matmul(run_on):
+    precision = train.get("precision", torch.float32)
+    with stages.stage("train", f"Training draft head on {where}", spinner=False), training_matmul(run_on, precision):
         try:
             result = train_head(model, cache, train["cfg"], work / "checkpoint.safetensors",
                                 resume=train["resume"], progress=train["progress"], on_step=train["on_step"],
@@ -156,7 +174,7 @@ def _train(model, cache, d2t, info, train: dict, work: Path, stages: Stages, wor
 
 def _prepare_training(model, tokenizer, info, data, work: Path, stages: Stages, progress: bool, *, seq_len,
                       batch_size, regenerate, max_new_tokens, val_prompts, draft_vocab_size, eos, world: World,
-                      endpoint=None):
+                      endpoint=None, precision: torch.dtype = torch.float32):
     """Dataset (cached in the work dir), target feature cache, and d2t (None at full vocab).
 
     Across ranks: the dataset is made (tokenised, regenerated) by rank 0 alone while the others wait, then read by
@@ -182,9 +200,11 @@ def _prepare_training(model, tokenizer, info, data, work: Path, stages: Stages, 
     if answer is not None and answer.stats:
         dataset.stats["regeneration"] = answer.stats
     aux_ids = default_aux_layer_ids(model.config.num_hidden_layers)
-    cache_key = hashlib.sha256(json.dumps([key, aux_ids, "bfloat16"]).encode()).hexdigest()[:32]
+    # The features are stored in bf16 either way; a bf16 forward computes them differently from an fp32 one.
+    products = [] if precision == torch.float32 else [str(precision)]
+    cache_key = hashlib.sha256(json.dumps([key, aux_ids, "bfloat16", *products]).encode()).hexdigest()[:32]
     device = next(model.parameters()).device
-    with stages.stage("cache", "Caching target features", spinner=False), training_matmul(device):
+    with stages.stage("cache", "Caching target features", spinner=False), training_matmul(device, precision):
         cache = load_feature_cache(work / "cache", cache_key) if world.is_main else None
         if not world.broadcast_object(cache is not None):  # rank 0 decides: the ranks must agree to rebuild
             cache = build_feature_cache(model, dataset.sequences, aux_ids, work / "cache", cache_key,

@@ -46,7 +46,7 @@ from eagle_trt.staging import check_apart
 from .attach import import_modelopt
 from .calibrate import calibrate_kv_scales, fp8_agreement, load_models
 from .data import check_specs
-from .device import resolve_device
+from .device import resolve_device, resolve_precision
 from .distributed import World
 from .draft_model import convert_with_draft_model
 from .export import check_output_dir, staged_output, write_manifest, write_target
@@ -136,6 +136,7 @@ def convert_model(
     output_dir: str | Path,
     steps: int = 0,
     draft_vocab_size: int | None = None,
+    head_intermediate_size: int | None = None,
     overwrite: bool = False,
     progress: bool = True,
     *,
@@ -159,6 +160,7 @@ def convert_model(
     head: str | Path | None = None,
     calibrate_kv: bool = True,
     device: str | None = "auto",
+    precision: str | None = "auto",
     max_shard_size: str | int = "5GB",
     draft_model: str | Path | None = None,
     regenerate_endpoint: EndpointOptions | None = None,
@@ -168,13 +170,18 @@ def convert_model(
     steps=0 and epochs=None: an untrained (seeded) head, nothing else. Otherwise the head is trained
     on `data` (see `data.py` for the accepted inputs) for `steps` optimizer steps or `epochs` passes.
     `device` ('auto', 'cpu', 'cuda', 'cuda:N') is where regeneration, feature caching and training run;
-    everything written is on the CPU (see `device.py`). `draft_model`: draft with that small LM instead of a head
+    everything written is on the CPU (see `device.py`), `precision` ('auto', 'float32', 'bfloat16') the matrix
+    products' dtype there. `draft_model`: draft with that small LM instead of a head
     (`draft_model.py`). `regenerate_endpoint`: --regenerate asks these OpenAI-compatible servers
     (`regen_endpoint.py`), checked before the target loads."""
     if regenerate_endpoint is not None and (draft_model is not None or not regenerate
                                             or (steps <= 0 and epochs is None)):
         raise InputError("--regenerate-endpoint is where --regenerate gets the answers for training a head: add "
                          "--regenerate and --steps N or --epochs N (and no --draft-model)")
+    if head_intermediate_size is not None and (head_intermediate_size < 1 or head is not None
+                                               or draft_model is not None):
+        raise InputError(f"--head-intermediate-size {head_intermediate_size}: the width of a head made here, at "
+                         "least 1 (not with --head or --draft-model, which bring their own)")
     if draft_model is not None:
         _world(False, batch_size)  # nothing to train: one process only
         return convert_with_draft_model(model_path, draft_model, output_dir, overwrite, progress, dict(
@@ -188,6 +195,7 @@ def convert_model(
     run_on, out, work = _prepare(model_path, output_dir, overwrite, head, train, device, work_dir)
     served = connect(regenerate_endpoint, model_path) if regenerate_endpoint is not None else None
     run_on = world.device(run_on) if train else run_on
+    products = resolve_precision(precision, run_on) if train else None  # a bad --precision fails before the load
     progress = progress and world.is_main
     stages = Stages(progress)
 
@@ -200,16 +208,18 @@ def convert_model(
     train_options = None if not train else dict(
         cfg=cfg, data=data, run_on=run_on, seq_len=seq_len, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
         ttt_steps=ttt_steps, seed=seed, regenerate=regenerate, max_new_tokens=max_new_tokens, val_prompts=val_prompts,
-        resume=resume, progress=progress, on_step=on_step, world=world, endpoint=served)
+        resume=resume, progress=progress, on_step=on_step, world=world, endpoint=served,
+        precision=products)
     if not world.is_main:  # a helper rank trains with the others; rank 0 alone writes OUT
         attach_and_train(model, tokenizer, info, None, stages, work, train_options, draft_vocab_size,
-                         _eos_ids(model, tokenizer))
+                         _eos_ids(model, tokenizer), head_intermediate_size)
         return ConvertResult(out, out / "target", out / "draft", {"rank": world.rank, "world_size": world.size})
     loaded = [model]
     del model  # _write_checkpoint holds the only reference: it releases the weights before reading the checkpoint
     manifest, report = _write_checkpoint(out, overwrite, stages, loaded, tokenizer, info, dict(
         max_shard_bytes=max_shard_bytes, head=head, calibrate_kv=calibrate_kv, work=work, train_options=train_options,
-        draft_vocab_size=draft_vocab_size, steps=steps, validate=bool(train and validate),
+        draft_vocab_size=draft_vocab_size, head_intermediate_size=head_intermediate_size, steps=steps,
+        validate=bool(train and validate),
         val_max_new_tokens=val_max_new_tokens))
     if train and work_dir is None:
         shutil.rmtree(work, ignore_errors=True)  # the default work dir only serves resume after a Ctrl-C
@@ -240,7 +250,7 @@ def _write_checkpoint(out: Path, overwrite: bool, stages: Stages, loaded: list, 
         else:
             eos = _eos_ids(model, tokenizer)
             trained = attach_and_train(model, tokenizer, info, stage, stages, o["work"], o["train_options"],
-                                       o["draft_vocab_size"], eos)
+                                       o["draft_vocab_size"], eos, o["head_intermediate_size"])
             del model
             gc.collect()
             manifest, report = _check_head(stage, tokenizer, stages, _draft_manifest(info, o["steps"], *trained),

@@ -15,12 +15,14 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from eagle_trt.engine.datastore_file import DATASTORE_NAME
 from eagle_trt.errors import CheckpointError
 from eagle_trt.interop.detect import NOTE_NAME, detect_format
 from eagle_trt.interop.formats import FORMATS
+from eagle_trt.interop.head_blocks import Q8_KEY, unpack_q8_0
 from eagle_trt.interop.layout import LLAMA_FIELDS, OURS, Head, our_ids_from, rename
 from eagle_trt.models.weights import load_safetensors, read_json
 
@@ -28,10 +30,20 @@ WEIGHTS, CONFIG = "model.safetensors", "config.json"
 
 
 def read_head_dir(head_dir: Path) -> tuple[dict, dict[str, torch.Tensor], dict | None]:
-    """(config.json, tensors, eagle_trt.json or None) of a head dir."""
+    """(config.json, tensors, eagle_trt.json or None) of a head dir; weights shipped as q8_0 rows
+    (`head_blocks.py`) come back de-quantized."""
     note = head_dir / NOTE_NAME
     cfg, tensors = read_json(head_dir / CONFIG), load_safetensors(head_dir / WEIGHTS)
+    tensors = unpack_q8_0(tensors, _metadata(head_dir / WEIGHTS), str(head_dir / WEIGHTS))
     return cfg, tensors, read_json(note) if note.is_file() else None
+
+
+def _metadata(path: Path) -> dict[str, str] | None:
+    """A safetensors file's metadata (None for a sharded head, whose index carries none of it)."""
+    if not path.is_file():
+        return None
+    with safe_open(str(path), framework="pt") as f:
+        return f.metadata()
 
 
 def _our_config(fmt_name: str, cfg: dict, ids: list[int], target: dict, source: str) -> dict:
@@ -107,12 +119,16 @@ def write_draft(head: Head, out_dir: Path) -> None:
     (out_dir / CONFIG).write_text(json.dumps(head.config, indent=2) + "\n")
 
 
+def _packed(head_dir: Path) -> bool:
+    return Q8_KEY in (_metadata(head_dir / WEIGHTS) or {})
+
+
 def import_head(head_dir: Path, out_dir: Path, target: dict) -> str:
     """Write `head_dir` (any supported layout) as eagle-trt's draft dir `out_dir`; returns the detected format.
-    A modelopt head (eagle-trt's own) is copied byte for byte."""
+    A modelopt head (eagle-trt's own) is copied byte for byte, unless it ships q8_0 rows (written out de-quantized)."""
     fmt_name, head = load_head(head_dir, target)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if fmt_name == "modelopt" and not (head_dir / NOTE_NAME).is_file():
+    if fmt_name == "modelopt" and not (head_dir / NOTE_NAME).is_file() and not _packed(head_dir):
         for name in (CONFIG, WEIGHTS):
             shutil.copyfile(head_dir / name, out_dir / name)
     else:
