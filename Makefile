@@ -46,12 +46,17 @@ $(TF_OLD_VENV)/.installed:
 	touch $@
 
 # `bench --methods ...,llama.cpp,llama.cpp-lookup`: the `llama-cpp` extra, built from the sdist (it compiles its
-# vendored llama.cpp for this CPU, GGML_NATIVE). Not part of `make test`: the build takes minutes.
+# vendored llama.cpp for this CPU: GGML_NATIVE, or on an AMX CPU its vector extensions without the tiles, whose
+# matrix product crashes there: scripts/llama_cpp_cmake_args.py). Not part of `make test`: the build takes minutes.
 LLAMA_CPP_VERSION ?= 0.3.36
 LLAMA_CPP_JOBS    ?= 2
+# Compiled here every time (no cached wheel, which may hold another CPU's or another flag set's build), then its
+# dependencies.
 $(VENV)/.llama-cpp-$(LLAMA_CPP_VERSION): | venv
-	CMAKE_ARGS='-DGGML_NATIVE=ON' CMAKE_BUILD_PARALLEL_LEVEL=$(LLAMA_CPP_JOBS) $(PY) -m pip install -c constraints.txt \
-		--no-binary llama-cpp-python -e '.[llama-cpp]' 'llama-cpp-python==$(LLAMA_CPP_VERSION)'
+	CMAKE_ARGS="$$($(PY) scripts/llama_cpp_cmake_args.py)" CMAKE_BUILD_PARALLEL_LEVEL=$(LLAMA_CPP_JOBS) \
+		$(PY) -m pip install --no-cache-dir --force-reinstall --no-deps --no-binary llama-cpp-python \
+		'llama-cpp-python==$(LLAMA_CPP_VERSION)'
+	$(PY) -m pip install -c constraints.txt -e '.[llama-cpp]' 'llama-cpp-python==$(LLAMA_CPP_VERSION)'
 	touch $@
 
 llama-cpp: $(VENV)/.llama-cpp-$(LLAMA_CPP_VERSION)

@@ -313,3 +313,19 @@ def test_llama_cpp_for_real_on_smollm2(tmp_path_factory):
         assert g["prompts"] == 3 and g["equal"] + len(g["first_difference"]) == 3
         assert res["summary"][name]["tokens_per_second"]["median"] > 0
         assert 3 <= res["summary"][name]["generated_tokens"] <= 3 * 24
+
+
+def test_make_llama_cpp_builds_without_the_tiles_on_an_amx_cpu():
+    """scripts/llama_cpp_cmake_args.py: GGML_NATIVE where the CPU has no AMX-INT8; where it has, every vector extension
+    it has, explicitly, and the tiles off (ggml's AMX product crashes there)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from llama_cpp_cmake_args import cmake_args, cpu_flags
+
+    zen5 = cpu_flags("processor : 0\nflags : fpu sse4_2 avx avx2 fma f16c bmi2 avx512f avx512_vnni avx512_bf16\n")
+    assert cmake_args(zen5) == "-DGGML_NATIVE=ON"
+    args = cmake_args(zen5 | {"amx_tile", "amx_int8", "amx_bf16", "avx512vbmi"}).split()
+    assert args[0] == "-DGGML_NATIVE=OFF" and "-DGGML_AMX_INT8=OFF" in args and "-DGGML_AMX_TILE=OFF" in args
+    assert {"-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON", "-DGGML_AVX512_VBMI=ON",
+            "-DGGML_AVX2=ON", "-DGGML_FMA=ON"} <= set(args)
+    assert "-DGGML_AVX_VNNI=ON" not in args  # the CPU lacks avx_vnni: not claimed
+    assert cmake_args(set()) == "-DGGML_NATIVE=ON"

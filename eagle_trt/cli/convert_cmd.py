@@ -76,6 +76,10 @@ def convert(
         help="The matrix products' dtype while caching features and training: auto (bfloat16 on a GPU, and on a "
              "CPU with AMX tiles, where it is several times faster; float32 elsewhere), float32 or bfloat16. "
              "Weights, gradients and the optimizer stay float32 (autocast).")] = "auto",
+    features_from: Annotated[Optional[Path], typer.Option(
+        "--features-from", help="An engine `eagle-trt build` made of MODEL computes the feature cache with its own "
+                                "kernels (several times faster than transformers on a CPU; the features the head "
+                                "reads at run time). Checked against MODEL on a probe first.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it already exists.")] = False,
     nproc: Annotated[int, typer.Option(
         "--nproc", help="Train with N processes on this machine (torch.distributed: gloo on the CPU, NCCL on GPUs, "
@@ -108,6 +112,7 @@ def convert(
         batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, ttt_steps=ttt_steps, regenerate=regenerate,
         max_new_tokens=max_new_tokens, resume=resume, work_dir=work_dir, checkpoint_every=checkpoint_every,
         seed=seed, validate=validate, head=head, calibrate_kv=calibrate_kv, device=device, precision=precision,
+        features_from=features_from,
         overwrite=force,
         max_shard_size=max_shard_size,
         draft_model=draft_model),

@@ -111,8 +111,10 @@ def _write_atomic_json(path: Path, data: dict) -> None:
 
 def build_feature_cache(model, sequences: list[list[int]], aux_layer_ids: list[int], cache_dir: str | Path,
                         key: str, batch_size: int = 4, dtype: torch.dtype = torch.bfloat16,
-                        progress: bool = True, world: World = World()) -> FeatureCache:
-    """Run the plain HF target once over `sequences` and write the cache (see the module doc).
+                        progress: bool = True, world: World = World(), source=None) -> FeatureCache:
+    """Run the target once over `sequences` and write the cache (see the module doc): the plain HF `model`, or
+    `source` where given (an object with `features(seqs)` -> per sequence (aux, hidden, greedy tokens), as
+    `engine_features.EngineSource` computes them with a built engine's kernels).
 
     Under torchrun every rank calls this with the same sequences: the length-sorted order is cut into one
     contiguous span per rank (about equal tokens each), every rank writes its own shards and counts, and rank 0
@@ -128,7 +130,9 @@ def build_feature_cache(model, sequences: list[list[int]], aux_layer_ids: list[i
     start, end = rank_span([len(sequences[i]) for i in order], world.rank, world.size)
     prefix = f"shard-r{world.rank:03d}-" if world.active else "shard-"
     mine = [sequences[i] for i in order[start:end]]
-    shards, predicted, seen = _run_target(model, mine, aux_layer_ids, cache_dir, prefix, batch_size, dtype, progress)
+    source = source or HFSource(model, aux_layer_ids)
+    shards, predicted, seen = _run_target(source, model.config.vocab_size, mine, cache_dir, prefix, batch_size, dtype,
+                                          progress)
     if world.active:
         save_file({"predicted": predicted, "seen": seen}, str(cache_dir / f".part-r{world.rank:03d}.safetensors"),
                   metadata={"shards": json.dumps(shards)})
@@ -141,7 +145,7 @@ def build_feature_cache(model, sequences: list[list[int]], aux_layer_ids: list[i
             "format": CACHE_FORMAT, "key": key, "shards": shards, "sequences": len(sequences),
             "tokens": int(seen.sum()), "aux_layer_ids": sorted(aux_layer_ids),
             "dtype": str(dtype).replace("torch.", ""), "hidden_size": model.config.hidden_size,
-            "vocab_size": model.config.vocab_size,
+            "vocab_size": model.config.vocab_size, "computed_by": source.name,
         })
     world.barrier()
     return FeatureCache(cache_dir)
@@ -161,41 +165,56 @@ def _join_parts(cache_dir: Path, size: int) -> tuple[list[str], torch.Tensor, to
     return shards, predicted, seen
 
 
-def _run_target(model, sequences: list[list[int]], aux_layer_ids: list[int], cache_dir: Path, prefix: str,
-                batch_size: int, dtype: torch.dtype, progress: bool) -> tuple[list[str], torch.Tensor, torch.Tensor]:
-    """The target over `sequences` in their order, batch by batch, the features written as shards named
-    prefix + index. Returns (shard names, target-argmax counts, data token counts)."""
-    base = model.model
-    device = next(model.parameters()).device
-    vocab = model.config.vocab_size
-    caught: dict[int, torch.Tensor] = {}
-    hooks = [base.layers[i].register_forward_hook(
-        lambda _m, _a, out, i=i: caught.__setitem__(i, out if torch.is_tensor(out) else out[0]))
-        for i in aux_layer_ids]
+class HFSource:
+    """The features from the plain HF target: one padded forward a batch, hooks on the aux layers, the LM head's
+    argmax per row."""
+
+    name = "transformers"
+
+    def __init__(self, model, aux_layer_ids: list[int]):
+        self.model, self.aux_layer_ids = model, sorted(aux_layer_ids)
+
+    def features(self, seqs: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        model = self.model
+        base, device = model.model, next(model.parameters()).device
+        caught: dict[int, torch.Tensor] = {}
+        hooks = [base.layers[i].register_forward_hook(
+            lambda _m, _a, out, i=i: caught.__setitem__(i, out if torch.is_tensor(out) else out[0]))
+            for i in self.aux_layer_ids]
+        try:
+            ids, mask = _padded(seqs)
+            hidden = base(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state  # post norm
+            aux = torch.cat([caught[i] for i in self.aux_layer_ids], dim=-1)
+        finally:
+            for h in hooks:
+                h.remove()
+        return [(aux[r, :len(q)], hidden[r, :len(q)], model.lm_head(hidden[r, :len(q)]).argmax(-1))
+                for r, q in enumerate(seqs)]
+
+
+def _run_target(source, vocab: int, sequences: list[list[int]], cache_dir: Path, prefix: str, batch_size: int,
+                dtype: torch.dtype, progress: bool) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+    """The target over `sequences` in their order, batch by batch (`source.features`), the features written as
+    shards named prefix + index. Returns (shard names, target-argmax counts, data token counts)."""
     predicted = torch.zeros(vocab, dtype=torch.long)
     seen = torch.zeros(vocab, dtype=torch.long)
     shards: list[str] = []
     pending: list[dict[str, torch.Tensor]] = []
-    was_training = model.training
-    model.eval()
+    model = getattr(source, "model", None)
+    was_training = model.training if model is not None else False
+    if model is not None:
+        model.eval()
     try:
         with _progress(progress, "Caching target features", len(sequences)) as (bar, task), torch.inference_mode():
             pending_tokens = 0
             for b in range(0, len(sequences), batch_size):
                 seqs = sequences[b:b + batch_size]
-                ids, mask = _padded(seqs)
-                caught.clear()
-                hidden = base(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state  # post norm
-                aux = torch.cat([caught[i] for i in sorted(aux_layer_ids)], dim=-1).to(dtype).cpu()
-                preds = [model.lm_head(hidden[r, :len(q)]).argmax(-1).cpu() for r, q in enumerate(seqs)]
-                hidden = hidden.to(dtype).cpu()
-                for r, q in enumerate(seqs):
-                    n = len(q)
-                    predicted += torch.bincount(preds[r], minlength=vocab)[:vocab]
-                    seen += torch.bincount(ids[r, :n], minlength=vocab)[:vocab]
-                    pending.append({"input_ids": ids[r, :n].clone(), "aux": aux[r, :n].clone(),
-                                    "hidden": hidden[r, :n].clone()})
-                    pending_tokens += n
+                for q, (aux, hidden, preds) in zip(seqs, source.features(seqs)):
+                    ids = torch.tensor(q, dtype=torch.long)
+                    predicted += torch.bincount(preds.cpu(), minlength=vocab)[:vocab]
+                    seen += torch.bincount(ids, minlength=vocab)[:vocab]
+                    pending.append({"input_ids": ids, "aux": aux.to(dtype).cpu(), "hidden": hidden.to(dtype).cpu()})
+                    pending_tokens += len(q)
                 if pending_tokens >= SHARD_TOKENS:
                     _write_shard(cache_dir, pending, shards, prefix)
                     pending_tokens = 0
@@ -203,9 +222,8 @@ def _run_target(model, sequences: list[list[int]], aux_layer_ids: list[int], cac
                     bar.advance(task, len(seqs))
         _write_shard(cache_dir, pending, shards, prefix)
     finally:
-        for h in hooks:
-            h.remove()
-        model.train(was_training)
+        if model is not None:
+            model.train(was_training)
     return shards, predicted, seen
 
 
@@ -237,4 +255,4 @@ def _write_shard(cache_dir: Path, pending: list[dict[str, torch.Tensor]], shards
     pending.clear()
 
 
-__all__ = ["CACHE_FORMAT", "SHARD_TOKENS", "FeatureCache", "build_feature_cache", "load_feature_cache"]
+__all__ = ["CACHE_FORMAT", "SHARD_TOKENS", "FeatureCache", "HFSource", "build_feature_cache", "load_feature_cache"]

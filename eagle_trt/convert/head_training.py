@@ -23,6 +23,7 @@ from .draft_vocab import d2t_from_vocab, load_d2t, ranking, select_draft_vocab
 from .export import write_draft
 from .regen_endpoint import PROGRESS_NAME, EndpointRegenerator
 from .stages import Stages
+from .engine_features import EngineSource
 from .train import build_feature_cache, load_feature_cache, run_config_dict, train_head
 
 
@@ -69,6 +70,10 @@ def _load_or_build_dataset(work: Path, key: str, build: Callable):
     return ds, False
 
 
+# Sequences an engine forward takes at once: hundreds of rows, so each weight pass serves many of them.
+ENGINE_BATCH = 8
+
+
 def _drop_target_layers(model) -> None:
     """Offline training reads the target's embeddings, final norm and LM head only (its layers' outputs come from
     the feature cache, and OUT/target was written before the head was attached): the decoder layers are released,
@@ -106,7 +111,8 @@ def attach_and_train(model, tokenizer, info, stage: Path | None, stages: Stages,
                 batch_size=train["batch_size"], regenerate=train["regenerate"],
                 max_new_tokens=train["max_new_tokens"], val_prompts=train["val_prompts"],
                 draft_vocab_size=draft_vocab_size, eos=eos, world=world,
-                endpoint=train.get("endpoint"), precision=train.get("precision", torch.float32))
+                endpoint=train.get("endpoint"), precision=train.get("precision", torch.float32),
+                features_from=train.get("features_from"))
         with stages.stage("attach", "Attaching EAGLE-3 head (modelopt)"):
             # On the CPU: the head's seeded initialisation is then the same whatever device trains it.
             model = attach_eagle3(model.cpu(), draft_vocab_size, intermediate_size=intermediate_size)
@@ -174,7 +180,7 @@ def _train(model, cache, d2t, info, train: dict, work: Path, stages: Stages, wor
 
 def _prepare_training(model, tokenizer, info, data, work: Path, stages: Stages, progress: bool, *, seq_len,
                       batch_size, regenerate, max_new_tokens, val_prompts, draft_vocab_size, eos, world: World,
-                      endpoint=None, precision: torch.dtype = torch.float32):
+                      endpoint=None, precision: torch.dtype = torch.float32, features_from=None):
     """Dataset (cached in the work dir), target feature cache, and d2t (None at full vocab).
 
     Across ranks: the dataset is made (tokenised, regenerated) by rank 0 alone while the others wait, then read by
@@ -200,15 +206,18 @@ def _prepare_training(model, tokenizer, info, data, work: Path, stages: Stages, 
     if answer is not None and answer.stats:
         dataset.stats["regeneration"] = answer.stats
     aux_ids = default_aux_layer_ids(model.config.num_hidden_layers)
-    # The features are stored in bf16 either way; a bf16 forward computes them differently from an fp32 one.
-    products = [] if precision == torch.float32 else [str(precision)]
+    # The features are stored in bf16 either way; a bf16 forward, or an engine's, computes them differently.
+    source = None if features_from is None else EngineSource.open(features_from, model, aux_ids)
+    products = [] if precision == torch.float32 or source is not None else [str(precision)]
+    products += [] if source is None else [f"engine:{source.digest}"]
     cache_key = hashlib.sha256(json.dumps([key, aux_ids, "bfloat16", *products]).encode()).hexdigest()[:32]
     device = next(model.parameters()).device
     with stages.stage("cache", "Caching target features", spinner=False), training_matmul(device, precision):
         cache = load_feature_cache(work / "cache", cache_key) if world.is_main else None
         if not world.broadcast_object(cache is not None):  # rank 0 decides: the ranks must agree to rebuild
             cache = build_feature_cache(model, dataset.sequences, aux_ids, work / "cache", cache_key,
-                                        batch_size=batch_size, progress=progress, world=world)
+                                        batch_size=batch_size if source is None else ENGINE_BATCH,
+                                        progress=progress, world=world, source=source)
         elif cache is None:
             cache = load_feature_cache(work / "cache", cache_key)
     d2t = None

@@ -161,6 +161,7 @@ def convert_model(
     calibrate_kv: bool = True,
     device: str | None = "auto",
     precision: str | None = "auto",
+    features_from: str | Path | None = None,
     max_shard_size: str | int = "5GB",
     draft_model: str | Path | None = None,
     regenerate_endpoint: EndpointOptions | None = None,
@@ -171,7 +172,8 @@ def convert_model(
     on `data` (see `data.py` for the accepted inputs) for `steps` optimizer steps or `epochs` passes.
     `device` ('auto', 'cpu', 'cuda', 'cuda:N') is where regeneration, feature caching and training run;
     everything written is on the CPU (see `device.py`), `precision` ('auto', 'float32', 'bfloat16') the matrix
-    products' dtype there. `draft_model`: draft with that small LM instead of a head
+    products' dtype there. `features_from`: a built engine of this model computes the feature cache
+    (`engine_features.py`). `draft_model`: draft with that small LM instead of a head
     (`draft_model.py`). `regenerate_endpoint`: --regenerate asks these OpenAI-compatible servers
     (`regen_endpoint.py`), checked before the target loads."""
     if regenerate_endpoint is not None and (draft_model is not None or not regenerate
@@ -182,6 +184,10 @@ def convert_model(
                                                or draft_model is not None):
         raise InputError(f"--head-intermediate-size {head_intermediate_size}: the width of a head made here, at "
                          "least 1 (not with --head or --draft-model, which bring their own)")
+    if features_from is not None and (not (Path(features_from).expanduser() / "manifest.json").is_file()
+                                      or (steps <= 0 and epochs is None)):
+        raise InputError(f"--features-from {features_from}: an engine dir (`eagle-trt build` of MODEL) that computes "
+                         "the features for training a head: add --steps N or --epochs N with --data")
     if draft_model is not None:
         _world(False, batch_size)  # nothing to train: one process only
         return convert_with_draft_model(model_path, draft_model, output_dir, overwrite, progress, dict(
@@ -209,7 +215,7 @@ def convert_model(
         cfg=cfg, data=data, run_on=run_on, seq_len=seq_len, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
         ttt_steps=ttt_steps, seed=seed, regenerate=regenerate, max_new_tokens=max_new_tokens, val_prompts=val_prompts,
         resume=resume, progress=progress, on_step=on_step, world=world, endpoint=served,
-        precision=products)
+        precision=products, features_from=features_from)
     if not world.is_main:  # a helper rank trains with the others; rank 0 alone writes OUT
         attach_and_train(model, tokenizer, info, None, stages, work, train_options, draft_vocab_size,
                          _eos_ids(model, tokenizer), head_intermediate_size)
