@@ -68,19 +68,38 @@ void group_q8_0(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool pert
     }
 }
 
+// The dot products of a 32-block's four nibble vectors at v (q4_0's and q4_1's layout) with each row's codes.
+template <int R>
+inline void nibble_dots(const uint8_t* v, const QRow* q, int64_t b, v16i* dot) {
+    for (int j = 0; j < 4; ++j) {
+        const v16u w = load_quads(v + 64 * j), lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+        for (int r = 0; r < R; ++r) {
+            dot[r] = dot4(dot[r], lo, load_quad(q[r].a + 32 * b + 4 * j));
+            dot[r] = dot4(dot[r], hi, load_quad(q[r].a + 32 * b + 16 + 4 * j));
+        }
+    }
+}
+
 template <int R>
 void group_q4_0(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool perturb) {
     for (int64_t b = 0; b < K / 32; ++b, g += 288) {
         v16i dot[R] = {};
-        for (int j = 0; j < 4; ++j) {
-            const v16u v = load_quads(g + 32 + 64 * j), lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
-            for (int r = 0; r < R; ++r) {
-                dot[r] = dot4(dot[r], lo, load_quad(q[r].a + 32 * b + 4 * j));
-                dot[r] = dot4(dot[r], hi, load_quad(q[r].a + 32 * b + 16 + 4 * j));
-            }
-        }
+        nibble_dots<R>(g + 32, q, b, dot);
         const v16f d = halves16(g);
         for (int r = 0; r < R; ++r) acc[r] = step(d * q[r].d[b], dot[r] - 8 * q[r].s[b], acc[r], perturb && r == R - 1);
+    }
+}
+
+template <int R>
+void group_q4_1(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool perturb) {
+    for (int64_t b = 0; b < K / 32; ++b, g += 320) {
+        v16i dot[R] = {};
+        nibble_dots<R>(g + 64, q, b, dot);
+        const v16f d = halves16(g), m = halves16(g + 32);
+        for (int r = 0; r < R; ++r) {
+            acc[r] = step(d * q[r].d[b], dot[r], acc[r], false);
+            acc[r] = step(m * q[r].d[b], v16i{} + q[r].s[b], acc[r], perturb && r == R - 1);
+        }
     }
 }
 
@@ -91,25 +110,6 @@ inline void q5_quad(const uint8_t* g, const QRow* q, int64_t b, v16i* dot) {
     for (int r = 0; r < R; ++r) {
         dot[r] = dot4(dot[r], lo, load_quad(q[r].a + 32 * b + 4 * j));
         dot[r] = dot4(dot[r], hi, load_quad(q[r].a + 32 * b + 16 + 4 * j));
-    }
-}
-
-template <int R>
-void group_q4_1(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool perturb) {
-    for (int64_t b = 0; b < K / 32; ++b, g += 320) {
-        v16i dot[R] = {};
-        for (int j = 0; j < 4; ++j) {
-            const v16u v = load_quads(g + 64 + 64 * j), lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
-            for (int r = 0; r < R; ++r) {
-                dot[r] = dot4(dot[r], lo, load_quad(q[r].a + 32 * b + 4 * j));
-                dot[r] = dot4(dot[r], hi, load_quad(q[r].a + 32 * b + 16 + 4 * j));
-            }
-        }
-        const v16f d = halves16(g), m = halves16(g + 32);
-        for (int r = 0; r < R; ++r) {
-            acc[r] = step(d * q[r].d[b], dot[r], acc[r], false);
-            acc[r] = step(m * q[r].d[b], v16i{} + q[r].s[b], acc[r], perturb && r == R - 1);
-        }
     }
 }
 

@@ -51,22 +51,13 @@ inline v16u minus(v16u v, uint8_t offset) {  // bytewise q - offset, as a signed
     return v;
 }
 
-inline v16i load_dot(const int32_t* p) {
-    v16i v;
-    std::memcpy(&v, p, 64);
-    return v;
-}
-
-inline v16f load_acc(const float* p) {
-    v16f v;
-    std::memcpy(&v, p, 64);
-    return v;
-}
+inline v16i load_dot(const int32_t* p) { return load64<v16i>(p); }
+inline v16f load_acc(const float* p) { return load64<v16f>(p); }
 
 // The lo and hi bytes of w' = sc * q - off for every byte q of `codes` (unsigned, at most 63), sc the signed scale of
 // its 4-byte lane in every byte of sc4 and off = 32 * sc (q6_k) or 0 (q4_k) in both 16-bit halves of off16. The
 // even and odd bytes' products come from one multiply-add each with the other byte masked off (no sum: |w'| <= 4096,
-// far from int16's saturation), and one byte permute of the two gathers each plane.
+// far from int16's saturation), and a bitwise select of the two, one shifted by a byte, gathers each plane.
 inline void scaled(v16u codes, __m512i sc4, __m512i off16, uint8_t* lo, uint8_t* hi) {
     const __m512i c = reinterpret_cast<__m512i>(codes);
     const __m512i pe = _mm512_sub_epi16(_mm512_maddubs_epi16(_mm512_and_si512(c, _mm512_set1_epi32(0x00FF00FF)), sc4),
@@ -92,31 +83,25 @@ inline __m512i halves2(v16i s) {
 // Tiles: 0-3 results (rows x 16 int32), 4 and 5 x's codes (rows x 64 k), 6 and 7 weight codes (16 x 64 bytes). GCC's
 // tile intrinsics paste the tile number into the instruction, hence literals.
 
-// C_lo (tile 0) and C_hi (tile 1) of one 256 block: four 64-k steps, x's codes at a (stride apart), B tiles b[2c]
-// (lo bytes, unsigned) and b[2c + 1] (hi bytes, signed).
+// One 64-k step of a k-quant block: x's codes at a (stride apart) into tile A, times the step's lo-byte B tile
+// (unsigned) into C_lo (tile 0) and its hi-byte B tile (signed) into C_hi (tile 1).
+#define EAGLE_TRT_KQUANT_STEP(A, a, stride, lo, hi) \
+    do {                                             \
+        _tile_loadd(A, a, stride);                   \
+        _tile_loadd(6, lo, 64);                      \
+        _tile_loadd(7, hi, 64);                      \
+        _tile_dpbsud(0, A, 6);                       \
+        _tile_dpbssd(1, A, 7);                       \
+    } while (0)
+
+// C_lo and C_hi of one 256 block, stored to dot[0], dot[1]: four 64-k steps over the B tiles b[2c] (lo), b[2c + 1].
 inline void kquant_dots(const int8_t* a, int64_t stride, const uint8_t (*b)[kTileBytes], int32_t (*dot)[kDotInts]) {
     _tile_zero(0);
     _tile_zero(1);
-    _tile_loadd(4, a, stride);
-    _tile_loadd(6, b[0], 64);
-    _tile_loadd(7, b[1], 64);
-    _tile_dpbsud(0, 4, 6);
-    _tile_dpbssd(1, 4, 7);
-    _tile_loadd(5, a + 64, stride);
-    _tile_loadd(6, b[2], 64);
-    _tile_loadd(7, b[3], 64);
-    _tile_dpbsud(0, 5, 6);
-    _tile_dpbssd(1, 5, 7);
-    _tile_loadd(4, a + 128, stride);
-    _tile_loadd(6, b[4], 64);
-    _tile_loadd(7, b[5], 64);
-    _tile_dpbsud(0, 4, 6);
-    _tile_dpbssd(1, 4, 7);
-    _tile_loadd(5, a + 192, stride);
-    _tile_loadd(6, b[6], 64);
-    _tile_loadd(7, b[7], 64);
-    _tile_dpbsud(0, 5, 6);
-    _tile_dpbssd(1, 5, 7);
+    EAGLE_TRT_KQUANT_STEP(4, a, stride, b[0], b[1]);  // two x tiles in turn: one loads while the other multiplies
+    EAGLE_TRT_KQUANT_STEP(5, a + 64, stride, b[2], b[3]);
+    EAGLE_TRT_KQUANT_STEP(4, a + 128, stride, b[4], b[5]);
+    EAGLE_TRT_KQUANT_STEP(5, a + 192, stride, b[6], b[7]);
     _tile_stored(0, dot[0], 64);
     _tile_stored(1, dot[1], 64);
 }

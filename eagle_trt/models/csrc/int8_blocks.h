@@ -96,11 +96,15 @@ typedef int8_t v16s8 __attribute__((vector_size(16)));
 typedef uint8_t v32u8 __attribute__((vector_size(32)));
 typedef int16_t v32i16 __attribute__((vector_size(64)));
 
-inline v16u load_quads(const uint8_t* p) {
-    v16u v;
+// The 64 bytes at p as one 16-lane vector (any alignment).
+template <typename V>
+inline V load64(const void* p) {
+    V v;
     std::memcpy(&v, p, 64);
     return v;
 }
+
+inline v16u load_quads(const uint8_t* p) { return load64<v16u>(p); }
 
 inline int32_t load_quad(const int8_t* p) {
     int32_t v;
