@@ -56,7 +56,7 @@ $(VENV)/.llama-cpp-$(LLAMA_CPP_VERSION): | venv
 	CMAKE_ARGS="$$($(PY) scripts/llama_cpp_cmake_args.py)" CMAKE_BUILD_PARALLEL_LEVEL=$(LLAMA_CPP_JOBS) \
 		$(PY) -m pip install --no-cache-dir --force-reinstall --no-deps --no-binary llama-cpp-python \
 		'llama-cpp-python==$(LLAMA_CPP_VERSION)'
-	$(PY) -m pip install -c constraints.txt -e '.[llama-cpp]' 'llama-cpp-python==$(LLAMA_CPP_VERSION)'
+	$(PY) -m pip install -c constraints.txt 'llama-cpp-python==$(LLAMA_CPP_VERSION)'  # its own dependencies
 	touch $@
 
 llama-cpp: $(VENV)/.llama-cpp-$(LLAMA_CPP_VERSION)

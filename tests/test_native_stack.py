@@ -149,8 +149,11 @@ def test_the_stack_gives_the_torch_reference_values(family_model_dir, family, bu
         cache.length = 14
         tree, aux1 = target.forward(ids[:9], 14 + depth, cache, mask, need_aux=True, aux_layers=list(range(8)))
         outs.append((first, aux0, tree, aux1))
-    tol = dict(atol=2e-4, rtol=1e-4) if dt == torch.float32 else dict(atol=0.1, rtol=0.05)
     for a, b in zip(*outs):
+        # bf16 through 8 layers: each side rounds its sums differently (the reference's bf16 products depend on the
+        # CPU's library path), so the error scales with the tensor's largest value, a few bf16 steps of it.
+        tol = dict(atol=2e-4, rtol=1e-4) if dt == torch.float32 else dict(atol=0.025 * float(b.float().abs().max()),
+                                                                            rtol=0.05)
         torch.testing.assert_close(a.float(), b.float(), **tol)
 
 
