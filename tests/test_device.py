@@ -113,6 +113,22 @@ def test_training_matmul_autocasts_bf16_only_when_asked():
     assert (x @ w).dtype == torch.float32  # left on the way out
 
 
+def test_a_weight_updated_inside_the_bf16_context_is_read_anew():
+    """The training loop runs inside one training_matmul context: a forward after an optimizer step must read the
+    stepped weight, not a bf16 copy cached at the first forward."""
+    lin = torch.nn.Linear(8, 3, bias=False)
+    x = torch.randn(4, 8)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.5)
+    with training_matmul(torch.device("cpu"), torch.bfloat16):
+        first = lin(x)
+        first.float().pow(2).sum().backward()
+        opt.step()
+        second = lin(x)
+        expected = (x.bfloat16() @ lin.weight.detach().bfloat16().t())
+    assert not torch.equal(first, second)
+    assert torch.equal(second, expected)
+
+
 def test_convert_refuses_a_bad_precision_before_loading(tiny_model_dir, tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "hi", "response": "there"}) + "\n")

@@ -63,7 +63,10 @@ def resolve_precision(name: str | None, device: torch.device) -> torch.dtype:
 @contextlib.contextmanager
 def training_matmul(device: torch.device, dtype: torch.dtype = torch.float32):
     """TF32 matrix products on CUDA, and bf16 autocast where dtype is bfloat16, for the feature cache and training."""
-    cast = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == torch.bfloat16 else contextlib.nullcontext()
+    # No weight-cast cache: autocast keeps the bf16 copy of each trainable weight until its context exits, and this
+    # context spans the whole training loop, so every forward would read the weights as they were at the first step.
+    cast = (torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False) if dtype == torch.bfloat16
+            else contextlib.nullcontext())
     if device.type != "cuda":
         with cast:
             yield
