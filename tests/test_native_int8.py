@@ -150,7 +150,7 @@ def test_the_tile_path_switch():
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_tile_path_gives_the_vector_paths_bits(fmt, dtype):
     """Every row count, with the tiles taking every call and with the vector path taking every call: the same bits
-    (one 16-row tile and a remainder, several of each, 2- and 3-block rests of q8_0/q4_0/q5_0's pairs of blocks,
+    (one 16-row tile and a remainder of 1, 6 or 9 rows on its own tiles, several of each, 2- and 3-block rests of q8_0/q4_0/q5_0's pairs of blocks,
     a last group of fewer than 16 outputs), and the thread count changes nothing."""
     lib = tile_lib()
     for n, k in ((70, 768), (33, 512), (16, 1280)):
@@ -159,7 +159,7 @@ def test_the_tile_path_gives_the_vector_paths_bits(fmt, dtype):
         proj = BlockProjection(lib, random_blocks(fmt, n, k, seed=n), "int8")
         x = torch.randn(41, k, generator=torch.Generator().manual_seed(k)).to(dtype)
         with tiles_from(lib, NEVER):
-            vector = {m: proj(x[:m]) for m in (1, 2, 7, 8, 9, 16, 17, 32, 33, 41)}
+            vector = {m: proj(x[:m]) for m in (1, 2, 7, 8, 9, 16, 17, 22, 32, 33, 41)}
         with tiles_from(lib, 1):
             for m, want in vector.items():
                 assert torch.equal(proj(x[:m]), want), (n, k, m)

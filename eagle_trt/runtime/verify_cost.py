@@ -39,9 +39,10 @@ def forward_curve(target, sizes: list[int], context: int = 128, reps: int = 5,
 
 
 def default_sizes(limit: int) -> list[int]:
-    """Tree sizes (root included) to measure: 1, 2, 4, 8, 12, 16, 24, 32, 33, 48, 64, 65, ... up to limit.
+    """Tree sizes (root included) to measure: 1, 2, 4, 8, 12, 16, 17, 24, 32, 33, 48, 64, 65, ... up to limit.
 
-    33 and 65 sit one row past a chunk of the bf16 projections (`INVARIANT_ROWS`), where the cost jumps by a
-    pass over the weights: without them the curve would spread that jump over 32..48 and 64..96."""
-    base = sorted({1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, INVARIANT_ROWS + 1, 2 * INVARIANT_ROWS + 1})
+    17 sits one row past the int8 tiles' 16-row chunk (csrc/gemm_int8_amx.cpp), 33 and 65 one row past a chunk of
+    the bf16 projections (`INVARIANT_ROWS`): the cost jumps there, and without them the curve would spread the jump
+    over 16..24, 32..48 and 64..96."""
+    base = sorted({1, 2, 4, 8, 12, 16, 17, 24, 32, 48, 64, 96, 128, INVARIANT_ROWS + 1, 2 * INVARIANT_ROWS + 1})
     return [s for s in base if s <= limit] + ([limit] if limit not in base and limit > 1 else [])

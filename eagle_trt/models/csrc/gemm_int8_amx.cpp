@@ -5,7 +5,7 @@
 // fp32 steps, in the same order, as the vector path (int8_dot.h's `step`), so the bits are the vector path's and a
 // call may take either path. What changes is the work: the vector path unpacks a weight block for every register
 // block of 4 rows and spends one dot instruction per row and 4 k; here a weight block is unpacked once into B tiles
-// for every 16 rows, and one tile instruction multiplies 16 rows by 16 outputs over 64 k.
+// for all the call's rows, and one tile instruction multiplies 16 rows by 16 outputs over 64 k.
 //
 // q4_k and q6_k: the sub-block scales go into the weight before the product. Per weight, w' = sc * q (q4_k: at most
 // 63 * 15; q6_k: sc * (q - 32), within [-4064, 4096]) is split into bytes, w' = lo + 256 * hi (lo in [0, 255], hi
@@ -16,6 +16,7 @@
 
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "int8_amx.h"
 #include "int8_dot.h"
@@ -52,7 +53,6 @@ inline v16u minus(v16u v, uint8_t offset) {  // bytewise q - offset, as a signed
 }
 
 inline v16i load_dot(const int32_t* p) { return load64<v16i>(p); }
-inline v16f load_acc(const float* p) { return load64<v16f>(p); }
 
 // The lo and hi bytes of w' = sc * q - off for every byte q of `codes` (unsigned, at most 63), sc the signed scale of
 // its 4-byte lane in every byte of sc4 and off = 32 * sc (q6_k) or 0 (q4_k) in both 16-bit halves of off16. The
@@ -80,73 +80,113 @@ inline __m512i halves2(v16i s) {
                               _mm512_set1_epi32(0x00010001));
 }
 
-// Tiles: 0-3 results (rows x 16 int32), 4 and 5 x's codes (rows x 64 k), 6 and 7 weight codes (16 x 64 bytes). GCC's
-// tile intrinsics paste the tile number into the instruction, hence literals.
+// Tiles: 0 and 1 the results of a 16-row chunk (or of the only chunk, when M <= 16), 4 its x codes; 2, 3 and 5 the
+// same for the last chunk of a call whose M > 16 is not a multiple of 16, configured with its rows, so that its
+// products cost its rows and not 16 (int8_amx_configure); where there is no such chunk, 5 has every chunk's rows and
+// takes x's codes in turn with 4. 6 and 7 weight codes (16 x 64 bytes). GCC's tile intrinsics paste the tile number
+// into the instruction, hence literals, and the dots below come in several sets.
 
 // One 64-k step of a k-quant block: x's codes at a (stride apart) into tile A, times the step's lo-byte B tile
-// (unsigned) into C_lo (tile 0) and its hi-byte B tile (signed) into C_hi (tile 1).
-#define EAGLE_TRT_KQUANT_STEP(A, a, stride, lo, hi) \
-    do {                                             \
-        _tile_loadd(A, a, stride);                   \
-        _tile_loadd(6, lo, 64);                      \
-        _tile_loadd(7, hi, 64);                      \
-        _tile_dpbsud(0, A, 6);                       \
-        _tile_dpbssd(1, A, 7);                       \
+// (unsigned) into C_lo and its hi-byte B tile (signed) into C_hi.
+#define EAGLE_TRT_KQUANT_STEP(CLO, CHI, A, a, stride, lo, hi) \
+    do {                                                       \
+        _tile_loadd(A, a, stride);                             \
+        _tile_loadd(6, lo, 64);                                \
+        _tile_loadd(7, hi, 64);                                \
+        _tile_dpbsud(CLO, A, 6);                               \
+        _tile_dpbssd(CHI, A, 7);                               \
     } while (0)
 
-// C_lo and C_hi of one 256 block, stored to dot[0], dot[1]: four 64-k steps over the B tiles b[2c] (lo), b[2c + 1].
-inline void kquant_dots(const int8_t* a, int64_t stride, const uint8_t (*b)[kTileBytes], int32_t (*dot)[kDotInts]) {
-    _tile_zero(0);
-    _tile_zero(1);
-    EAGLE_TRT_KQUANT_STEP(4, a, stride, b[0], b[1]);  // two x tiles in turn: one loads while the other multiplies
-    EAGLE_TRT_KQUANT_STEP(5, a + 64, stride, b[2], b[3]);
-    EAGLE_TRT_KQUANT_STEP(4, a + 128, stride, b[4], b[5]);
-    EAGLE_TRT_KQUANT_STEP(5, a + 192, stride, b[6], b[7]);
-    _tile_stored(0, dot[0], 64);
-    _tile_stored(1, dot[1], 64);
-}
+// C_lo and C_hi of one 256 block, stored to dot[0], dot[1]: four 64-k steps over the B tiles b[2c] (lo), b[2c + 1],
+// x's codes into tile A0 and A1 in turn (one loads while the other multiplies, where both have the chunk's rows).
+#define EAGLE_TRT_KQUANT_DOTS(NAME, CLO, CHI, A0, A1)                                                                \
+    inline void NAME(const int8_t* a, int64_t stride, const uint8_t (*b)[kTileBytes], int32_t (*dot)[kDotInts]) { \
+        _tile_zero(CLO);                                                                                             \
+        _tile_zero(CHI);                                                                                             \
+        EAGLE_TRT_KQUANT_STEP(CLO, CHI, A0, a, stride, b[0], b[1]);                                                  \
+        EAGLE_TRT_KQUANT_STEP(CLO, CHI, A1, a + 64, stride, b[2], b[3]);                                             \
+        EAGLE_TRT_KQUANT_STEP(CLO, CHI, A0, a + 128, stride, b[4], b[5]);                                            \
+        EAGLE_TRT_KQUANT_STEP(CLO, CHI, A1, a + 192, stride, b[6], b[7]);                                            \
+        _tile_stored(CLO, dot[0], 64);                                                                               \
+        _tile_stored(CHI, dot[1], 64);                                                                               \
+    }
+EAGLE_TRT_KQUANT_DOTS(kquant_dots, 0, 1, 4, 5)       // every chunk has the rows of tile 5 (Chunks::rest_tiles false)
+EAGLE_TRT_KQUANT_DOTS(kquant_dots_full, 0, 1, 4, 4)  // a full chunk of a call that has a rest
+EAGLE_TRT_KQUANT_DOTS(kquant_dots_rest, 2, 3, 5, 5)  // the rest
 
 // Blocks 2p and 2p + 1 of 32 (q32 formats) for the rows at a: dot[0], dot[1]; with `two` false only the first.
-inline void pair_dots(const int8_t* a, int64_t stride, const uint8_t (*b)[kTileBytes], bool two,
-                      int32_t (*dot)[kDotInts]) {
-    _tile_loadd(4, a, stride);
-    _tile_loadd(6, b[0], 64);
-    _tile_zero(0);
-    _tile_dpbssd(0, 4, 6);
-    if (two) {
-        _tile_loadd(7, b[1], 64);
-        _tile_zero(1);
-        _tile_dpbssd(1, 4, 7);
+#define EAGLE_TRT_PAIR_DOTS(NAME, C0, C1, A)                                                                      \
+    inline void NAME(const int8_t* a, int64_t stride, const uint8_t (*b)[kTileBytes], bool two,                 \
+                     int32_t (*dot)[kDotInts]) {                                                                \
+        _tile_loadd(A, a, stride);                                                                              \
+        _tile_loadd(6, b[0], 64);                                                                               \
+        _tile_zero(C0);                                                                                         \
+        _tile_dpbssd(C0, A, 6);                                                                                 \
+        if (two) {                                                                                              \
+            _tile_loadd(7, b[1], 64);                                                                           \
+            _tile_zero(C1);                                                                                     \
+            _tile_dpbssd(C1, A, 7);                                                                             \
+        }                                                                                                       \
+        _tile_stored(C0, dot[0], 64);                                                                           \
+        if (two) _tile_stored(C1, dot[1], 64);                                                                  \
     }
-    _tile_stored(0, dot[0], 64);
-    if (two) _tile_stored(1, dot[1], 64);
-}
+EAGLE_TRT_PAIR_DOTS(pair_dots, 0, 1, 4)
+EAGLE_TRT_PAIR_DOTS(pair_dots_rest, 2, 3, 5)
 
-// Where one 16-row chunk of x stands: its first row r0 and its valid rows (R, a template argument below, is 8 or 16:
-// the rows the unrolled loops compute; rows past `rows` compute on stale tile rows and are never kept).
+// Where one 16-row chunk of x stands: its first row r0 and its valid rows (R, a template argument below, is 4, 8 or
+// 16: the rows the unrolled loops compute; rows past `rows` compute on stale tile rows and are never kept).
 struct Chunk {
     const QRow* q;
     int64_t r0, rows, M;
-    float* acc;     // the chunk's accumulators, 16 floats a row
-    int64_t ahead;  // bytes from a block of this group to the same block of the next one (prefetched meanwhile)
+    float* acc;  // the chunk's accumulators, 16 floats a row
     const QRow& row(int r) const { return q[r0 + (r < rows ? r : 0)]; }
     bool perturb(int r) const { return M > 1 && r0 + r == M - 1; }
+    bool rest() const { return rows < kTileRows && r0 > 0; }  // the last chunk of fewer rows: tiles 2, 3 and 5
 };
 
-// The weight stream is the bound of a few-row call: the next group's bytes are asked for while this one computes.
-inline void prefetch(const uint8_t* p, int64_t bytes) {
-    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
-}
+// All chunks of a call for one group. A weight block is unpacked into B tiles once and every chunk multiplies it
+// before the next block: the unpacking is most of a block's work, so a call of 17 rows costs far less than two of 16.
+// One chunk keeps its accumulators in registers over the whole group; several load and store theirs around each
+// block, computing 4, 8 or 16 rows as they have (each row's fp32 steps still run in k order: the bits do not depend
+// on M).
+struct Chunks {
+    const Chunk* c;
+    int n;
+    int64_t ahead;  // bytes from a block of this group to the same block of the next one (prefetched meanwhile)
+    bool rest_tiles;  // the last chunk has fewer rows than the others (M > 16, not a multiple): tile 5 is its own
+};
 
 template <int R>
 inline void load_rows(const Chunk& c, v16f* a) {
-    for (int r = 0; r < R; ++r) a[r] = load_acc(c.acc + 16 * (r < c.rows ? r : 0));
+    for (int r = 0; r < R; ++r) a[r] = load64<v16f>(c.acc + 16 * (r < c.rows ? r : 0));
 }
 
 template <int R>
 inline void keep_rows(const Chunk& c, const v16f* a) {
     for (int r = 0; r < R; ++r)
         if (r < c.rows) std::memcpy(c.acc + 16 * r, &a[r], 64);
+}
+
+// One block's fp32 steps (`Steps::run<R>(chunk, acc)`, its dots in the scratch) for a chunk of a several-chunk call:
+// its accumulators from memory and back, as few rows as it has.
+template <int R, typename Steps>
+inline void steps_in_memory(const Steps& st, const Chunk& c) {
+    v16f a[R];
+    load_rows<R>(c, a);
+    st.template run<R>(c, a);
+    keep_rows<R>(c, a);
+}
+
+template <typename Steps>
+inline void steps_of_chunk(const Steps& st, const Chunk& c) {
+    if (c.rows > 8) steps_in_memory<16>(st, c);
+    else if (c.rows > 4) steps_in_memory<8>(st, c);
+    else steps_in_memory<4>(st, c);
+}
+
+// The weight stream is the bound of a few-row call: the next group's bytes are asked for while this one computes.
+inline void prefetch(const uint8_t* p, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
 }
 
 // The B tile of one q32 block (its signed codes, q - offset) into rows 0-7 (half 0) or 8-15 (half 1) of tile t.
@@ -176,20 +216,17 @@ void q32_tile(const uint8_t* blk, uint8_t* t, int half) {
     }
 }
 
-// q8_0, q4_0, q4_1, q5_0: blocks of 32 in pairs, each block's fp32 step per row in k order.
-template <int64_t Fmt, int R>
-void blocks_q32(const uint8_t* g, int64_t K, TileRows t, const Chunk& c, Scratch& s) {
-    constexpr int64_t bytes = Fmt == kQ8_0 ? 544 : Fmt == kQ4_0 ? 288 : Fmt == kQ4_1 ? 320 : 352;
-    const int64_t blocks = K / 32;
-    const int8_t* a0 = t.a + c.r0 * t.stride;
-    v16f acc[R];
-    load_rows<R>(c, acc);
-    for (int64_t b0 = 0; b0 < blocks; b0 += 2) {
-        const bool two = b0 + 1 < blocks;
-        prefetch(g + b0 * bytes + c.ahead, 2 * bytes);
-        q32_tile<Fmt>(g + b0 * bytes, s.q32[0], 0);
-        if (two) q32_tile<Fmt>(g + (b0 + 1) * bytes, s.q32[1], 1);
-        pair_dots(a0 + 32 * b0, t.stride, s.q32, two, s.dot);
+// The fp32 steps of blocks b0 and (if `two`) b0 + 1 of 32, in k order, their dots in dot[0] and dot[1].
+template <int64_t Fmt>
+struct Q32Steps {
+    const uint8_t* g;
+    int64_t b0;
+    bool two;
+    const int32_t (*dot)[kDotInts];
+
+    template <int R>
+    void run(const Chunk& c, v16f* acc) const {
+        constexpr int64_t bytes = Fmt == kQ8_0 ? 544 : Fmt == kQ4_0 ? 288 : Fmt == kQ4_1 ? 320 : 352;
         for (int i = 0; i < (two ? 2 : 1); ++i) {
             const int64_t b = b0 + i;
             const v16f d = halves16(g + b * bytes);
@@ -197,16 +234,41 @@ void blocks_q32(const uint8_t* g, int64_t K, TileRows t, const Chunk& c, Scratch
                 const v16f m = halves16(g + b * bytes + 32);
                 for (int r = 0; r < R; ++r) {
                     const QRow& q = c.row(r);
-                    acc[r] = step(d * q.d[b], load_dot(s.dot[i] + 16 * r), acc[r], false);
+                    acc[r] = step(d * q.d[b], load_dot(dot[i] + 16 * r), acc[r], false);
                     acc[r] = step(m * q.d[b], v16i{} + q.s[b], acc[r], c.perturb(r));
                 }
                 continue;
             }
             for (int r = 0; r < R; ++r)
-                acc[r] = step(d * c.row(r).d[b], load_dot(s.dot[i] + 16 * r), acc[r], c.perturb(r));
+                acc[r] = step(d * c.row(r).d[b], load_dot(dot[i] + 16 * r), acc[r], c.perturb(r));
         }
     }
-    keep_rows<R>(c, acc);
+};
+
+// q8_0, q4_0, q4_1, q5_0: blocks of 32 in pairs, each block's fp32 step per row in k order. R: the rows of a
+// one-chunk call.
+template <int64_t Fmt, int R>
+void blocks_q32(const uint8_t* g, int64_t K, TileRows t, const Chunks& cs, Scratch& s) {
+    constexpr int64_t bytes = Fmt == kQ8_0 ? 544 : Fmt == kQ4_0 ? 288 : Fmt == kQ4_1 ? 320 : 352;
+    const int64_t blocks = K / 32;
+    v16f acc[R];
+    if (cs.n == 1) load_rows<R>(cs.c[0], acc);
+    for (int64_t b0 = 0; b0 < blocks; b0 += 2) {
+        const bool two = b0 + 1 < blocks;
+        prefetch(g + b0 * bytes + cs.ahead, 2 * bytes);
+        q32_tile<Fmt>(g + b0 * bytes, s.q32[0], 0);
+        if (two) q32_tile<Fmt>(g + (b0 + 1) * bytes, s.q32[1], 1);
+        const Q32Steps<Fmt> st{g, b0, two, s.dot};
+        for (int ci = 0; ci < cs.n; ++ci) {
+            const Chunk& c = cs.c[ci];
+            const int8_t* a = t.a + c.r0 * t.stride + 32 * b0;
+            if (cs.rest_tiles && c.rest()) pair_dots_rest(a, t.stride, s.q32, two, s.dot);
+            else pair_dots(a, t.stride, s.q32, two, s.dot);
+            if (cs.n == 1) st.template run<R>(c, acc);
+            else steps_of_chunk(st, c);
+        }
+    }
+    if (cs.n == 1) keep_rows<R>(cs.c[0], acc);
 }
 
 // q4_k's B tiles of one 256 block: per 64 k (chunk ch), rows 0-7 the low nibbles (sub-block 2ch) times their scale,
@@ -249,23 +311,25 @@ void q6_k_tiles(const uint8_t* blk, uint8_t (*b)[kTileBytes], const uint8_t* nex
     }
 }
 
-// q4_k and q6_k: per 256 block, I = C_lo + 256 C_hi, then the block's fp32 steps (q4_k: and its minimum's).
-template <int64_t Fmt, int R>
-void blocks_kquant(const uint8_t* g, int64_t K, TileRows t, const Chunk& c, Scratch& s) {
-    constexpr int64_t bytes = Fmt == kQ4_K ? 2368 : 3360;
-    const int8_t* a0 = t.a + c.r0 * t.stride;
-    v16f acc[R];
-    load_rows<R>(c, acc);
-    for (int64_t b = 0; b < K / 256; ++b, g += bytes) {
-        if (Fmt == kQ4_K) q4_k_tiles(g, s.kq, g + c.ahead);
-        else q6_k_tiles(g, s.kq, g + c.ahead);
-        kquant_dots(a0 + 256 * b, t.stride, s.kq, s.dot);
-        const v16f d = halves16(g), dmin = Fmt == kQ4_K ? halves16(g + 32) : d;
-        v16i mins[4] = {};
+// The fp32 steps of 256 block b of q4_k or q6_k: I = C_lo + 256 C_hi (dot[0], dot[1]), then the block's steps
+// (q4_k: and its minimum's).
+template <int64_t Fmt>
+struct KquantSteps {
+    int64_t b;
+    v16f d, dmin;
+    v16i mins[4];
+    const int32_t (*dot)[kDotInts];
+
+    KquantSteps(const uint8_t* blk, int64_t b, const int32_t (*dot)[kDotInts])
+        : b(b), d(halves16(blk)), dmin(Fmt == kQ4_K ? halves16(blk + 32) : d), mins{}, dot(dot) {
         if (Fmt == kQ4_K)
-            for (int p = 0; p < 4; ++p) mins[p] = u8_pairs(g + 192 + 32 * p);
+            for (int p = 0; p < 4; ++p) mins[p] = u8_pairs(blk + 192 + 32 * p);
+    }
+
+    template <int R>
+    void run(const Chunk& c, v16f* acc) const {
         for (int r = 0; r < R; ++r) {
-            const v16i I = load_dot(s.dot[0] + 16 * r) + (load_dot(s.dot[1] + 16 * r) << 8);
+            const v16i I = load_dot(dot[0] + 16 * r) + (load_dot(dot[1] + 16 * r) << 8);
             const QRow& q = c.row(r);
             if (Fmt == kQ4_K) {
                 v16i J = {};
@@ -277,18 +341,40 @@ void blocks_kquant(const uint8_t* g, int64_t K, TileRows t, const Chunk& c, Scra
             }
         }
     }
-    keep_rows<R>(c, acc);
+};
+
+// q4_k and q6_k: per 256 block, its B tiles once, then every chunk's dots and steps. R: the rows of a one-chunk call.
+template <int64_t Fmt, int R>
+void blocks_kquant(const uint8_t* g, int64_t K, TileRows t, const Chunks& cs, Scratch& s) {
+    constexpr int64_t bytes = Fmt == kQ4_K ? 2368 : 3360;
+    v16f acc[R];
+    if (cs.n == 1) load_rows<R>(cs.c[0], acc);
+    for (int64_t b = 0; b < K / 256; ++b, g += bytes) {
+        if (Fmt == kQ4_K) q4_k_tiles(g, s.kq, g + cs.ahead);
+        else q6_k_tiles(g, s.kq, g + cs.ahead);
+        const KquantSteps<Fmt> st(g, b, s.dot);
+        for (int ci = 0; ci < cs.n; ++ci) {
+            const Chunk& c = cs.c[ci];
+            const int8_t* a = t.a + c.r0 * t.stride + 256 * b;
+            if (!cs.rest_tiles) kquant_dots(a, t.stride, s.kq, s.dot);
+            else if (c.rest()) kquant_dots_rest(a, t.stride, s.kq, s.dot);
+            else kquant_dots_full(a, t.stride, s.kq, s.dot);
+            if (cs.n == 1) st.template run<R>(c, acc);
+            else steps_of_chunk(st, c);
+        }
+    }
+    if (cs.n == 1) keep_rows<R>(cs.c[0], acc);
 }
 
 template <int R>
-void chunk_rows(int64_t format, const uint8_t* g, int64_t K, TileRows t, const Chunk& c, Scratch& s) {
+void group_rows(int64_t format, const uint8_t* g, int64_t K, TileRows t, const Chunks& cs, Scratch& s) {
     switch (format) {
-        case kQ8_0: blocks_q32<kQ8_0, R>(g, K, t, c, s); break;
-        case kQ4_0: blocks_q32<kQ4_0, R>(g, K, t, c, s); break;
-        case kQ4_1: blocks_q32<kQ4_1, R>(g, K, t, c, s); break;
-        case kQ5_0: blocks_q32<kQ5_0, R>(g, K, t, c, s); break;
-        case kQ4_K: blocks_kquant<kQ4_K, R>(g, K, t, c, s); break;
-        default: blocks_kquant<kQ6_K, R>(g, K, t, c, s); break;
+        case kQ8_0: blocks_q32<kQ8_0, R>(g, K, t, cs, s); break;
+        case kQ4_0: blocks_q32<kQ4_0, R>(g, K, t, cs, s); break;
+        case kQ4_1: blocks_q32<kQ4_1, R>(g, K, t, cs, s); break;
+        case kQ5_0: blocks_q32<kQ5_0, R>(g, K, t, cs, s); break;
+        case kQ4_K: blocks_kquant<kQ4_K, R>(g, K, t, cs, s); break;
+        default: blocks_kquant<kQ6_K, R>(g, K, t, cs, s); break;
     }
 }
 
@@ -303,7 +389,9 @@ void int8_amx_configure(void* saved, int64_t M) {
     _tile_storeconfig(saved);
     TileConfig cfg;
     const uint8_t rows = static_cast<uint8_t>(M < kTileRows ? M : kTileRows);
-    for (int i = 0; i < 6; ++i) cfg.rows[i] = rows, cfg.colsb[i] = 64;
+    const uint8_t rest = static_cast<uint8_t>(M > kTileRows && M % kTileRows ? M % kTileRows : rows);
+    for (int i : {0, 1, 4}) cfg.rows[i] = rows, cfg.colsb[i] = 64;
+    for (int i : {2, 3, 5}) cfg.rows[i] = rest, cfg.colsb[i] = 64;
     for (int i = 6; i < 8; ++i) cfg.rows[i] = 16, cfg.colsb[i] = 64;
     // GCC 12 does not count LDTILECFG as reading the whole 64 bytes and drops the stores above without this.
     asm volatile("" : : "r"(&cfg) : "memory");
@@ -320,12 +408,15 @@ void int8_amx_group(const uint8_t* w, const Int8Segment& seg, int64_t lg, int64_
     Scratch* s = scratch.get();
     float* acc = b_acc.get(static_cast<size_t>(16 * M));
     std::memset(acc, 0, sizeof(float) * 16 * M);
+    static thread_local std::vector<Chunk> chunks;
+    chunks.clear();
+    for (int64_t r0 = 0; r0 < M; r0 += kTileRows)
+        chunks.push_back(Chunk{q, r0, M - r0 < kTileRows ? M - r0 : kTileRows, M, acc + 16 * r0});
+    const Chunks cs{chunks.data(), static_cast<int>(chunks.size()), seg.group_bytes, M > kTileRows && M % kTileRows};
     const uint8_t* g = w + seg.offset + lg * seg.group_bytes;
-    for (int64_t r0 = 0; r0 < M; r0 += kTileRows) {
-        const Chunk c{q, r0, M - r0 < kTileRows ? M - r0 : kTileRows, M, acc + 16 * r0, seg.group_bytes};
-        if (c.rows > 8) chunk_rows<16>(seg.format, g, K, t, c, *s);
-        else chunk_rows<8>(seg.format, g, K, t, c, *s);
-    }
+    // R of a one-chunk call, whose accumulators stay in registers: 8 rows or 16. Several chunks pick theirs each.
+    if (cs.n == 1 && M <= 8) group_rows<8>(seg.format, g, K, t, cs, *s);
+    else group_rows<16>(seg.format, g, K, t, cs, *s);
     const int64_t valid = seg.rows - lg * kGroup < kGroup ? seg.rows - lg * kGroup : kGroup;
     for (int64_t r = 0; r < M; ++r)
         for (int64_t l = 0; l < valid; ++l) Elem<T>::put(out + r * N + n0 + l, acc[16 * r + l]);
