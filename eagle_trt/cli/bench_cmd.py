@@ -78,6 +78,9 @@ def _bench(engine, out, prompts, limit, max_new_tokens, repeats, methods, thread
     from eagle_trt.bench.harness import bench_engine
     from eagle_trt.bench.methods import parse_methods
     from eagle_trt.bench.report import llama_cpp_line, summary_table
+    from eagle_trt.models import huge_pages
+
+    huge_pages.prefer()  # a bench decodes for long: weights in huge pages (models/huge_pages.py)
 
     require_engine(engine)
     names = parse_methods(methods) if methods is not None else None

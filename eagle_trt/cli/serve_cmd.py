@@ -100,6 +100,7 @@ def _serve(engine, host, port, max_queue, api_key, model_name, drain_seconds, sk
         raise MissingDependencyError(f"eagle-trt serve needs FastAPI, uvicorn and prometheus-client ({e})",
                                      hint="pip install 'eagle-trt[serve]'") from None
     from eagle_trt.engine.engine_dir import open_engine
+    from eagle_trt.models import huge_pages
     from eagle_trt.runtime.session import Session
 
     _DrainingServer = _draining_server_class()
@@ -124,6 +125,7 @@ def _serve(engine, host, port, max_queue, api_key, model_name, drain_seconds, sk
 
     def open_session() -> Session:
         apply_threads(threads)
+        huge_pages.prefer()  # a server decodes for long: weights in huge pages (models/huge_pages.py)
         return Session.open(engine, verify=not skip_verify)
 
     worker = EngineWorker(open_session, max_queue=max_queue, max_batch=max_batch, kv_budget_bytes=kv_budget,

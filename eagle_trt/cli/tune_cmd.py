@@ -80,6 +80,10 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
           lookup, dry_run, top, json_out, skip_verify) -> None:
     import torch
 
+    from eagle_trt.models import huge_pages
+
+    huge_pages.prefer()  # tune decodes for long, and measures what serve and bench will run: the same memory
+
     from eagle_trt.bench.prompts import load_prompts
     from eagle_trt.bench.tune import tune_engine
     from eagle_trt.bench.tune_store import check_writable, store_tuned

@@ -1,9 +1,10 @@
-"""An engine's weights in this machine's runtime layout, made once and memory-mapped at every later start.
+"""An engine's weights in this machine's runtime layout, made once and read back at every later start.
 
 An engine holds portable weights (safetensors, HF names: what any CPU, transformers and TensorRT-LLM read). The
 runtime wants them fused (q/k/v, gate/up), transposed to [in, out] and packed for the kernels this CPU runs, and that
 packing depends on the CPU (the vector width, AMX tiles). So the first start on a machine (or `eagle-trt build`, on
-the build machine) makes that layout and stores it here; later starts map the file and rearrange nothing.
+the build machine) makes that layout and stores it here; later starts map the file (or, in long-running
+commands, read it into huge pages: `huge_pages.py`) and rearrange nothing.
 
     model = load_or_make(source, "target", backend.cache_key, make, state_of, restore)
 
@@ -15,7 +16,7 @@ can write it; EAGLE_TRT_WEIGHT_CACHE=0 turns it off). What it trusts:
 - It is stored only when the bytes it was made from were proven to be those (`WeightSource.proven`: hashed when the
   engine was opened and not written since): a start with --skip-verify, or on files that changed, makes its layout
   in memory and stores nothing, so no later start can be served a layout of unchecked bytes.
-- Each file carries an xxh3-128 checksum of its data, checked whenever it is mapped, and an HMAC of its header under
+- Each file carries an xxh3-128 checksum of its data, checked whenever it is read, and an HMAC of its header under
   the cache's key. A layout that fails either (damaged, edited, cut short, written without the key) is a miss: it is
   made again, and the run says so once.
 
@@ -47,6 +48,7 @@ import torch
 import xxhash
 
 from eagle_trt import private_cache
+from eagle_trt.models import huge_pages
 from eagle_trt.private_cache import WeightSource
 
 log = logging.getLogger(__name__)
@@ -95,6 +97,7 @@ def load_or_make(source: WeightSource | None, role: str, backend_key: str, make:
     proven (see the module doc). `restore` may raise KeyError/ValueError/TypeError on a layout it cannot use: that
     is a miss."""
     private_cache.check_settings()
+    huge_pages.enabled()  # a bad EAGLE_TRT_HUGE_PAGES fails here, before anything is read
     path = cache_path(source, role, backend_key)
     stored = read(path)
     if stored is not None:
@@ -160,8 +163,8 @@ def write(path: Path, tensors: dict[str, torch.Tensor], meta: dict, source: Weig
 
 
 def read(path: Path | None) -> tuple[dict[str, torch.Tensor], dict] | None:
-    """The stored tensors (views of a private mapping of the file: nothing is copied) and meta, or None when there
-    is no usable file. Its checksum is verified over every byte first; a damaged file is reported once and removed
+    """The stored tensors (views of one huge-page arena holding the file's data, or of a private mapping of the
+    file where the arena is off) and meta, or None when there is no usable file. Its checksum is verified over every byte first; a damaged file is reported once and removed
     (the caller makes the layout again)."""
     if path is None:
         return None
@@ -182,8 +185,12 @@ def read(path: Path | None) -> tuple[dict[str, torch.Tensor], dict] | None:
         if problem is not None:
             _bad(path, problem)
             return None
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    view = memoryview(mapped)[base:]
+        try:
+            data, base = _load_data(f, base, header["data_bytes"])
+        except OSError as e:
+            _bad(path, f"cannot be read ({e})", remove=False)
+            return None
+    view = memoryview(data.numpy()) if isinstance(data, torch.Tensor) else memoryview(data)[base:]
     ok = xxhash.xxh3_128_hexdigest(view) == header["checksum"]
     view.release()
     if not ok:
@@ -197,17 +204,39 @@ def read(path: Path | None) -> tuple[dict[str, torch.Tensor], dict] | None:
     for name, e in header["tensors"].items():
         dtype = _DTYPES[e["dtype"]]
         count = e["bytes"] // _itemsize(dtype)
-        flat = (torch.frombuffer(mapped, dtype=dtype, count=count, offset=base + e["offset"]) if count
-                else torch.empty(0, dtype=dtype))
+        if not count:
+            flat = torch.empty(0, dtype=dtype)
+        elif isinstance(data, torch.Tensor):
+            flat = data[e["offset"]:e["offset"] + e["bytes"]].view(dtype)
+        else:
+            flat = torch.frombuffer(data, dtype=dtype, count=count, offset=base + e["offset"])
         tensors[name] = flat.view(e["shape"])
     return tensors, header["meta"]
+
+
+def _load_data(f, base: int, nbytes: int):
+    """The file's tensor bytes: read into a huge-page arena (`huge_pages.py`: the kernels stream them faster than
+    through the page cache's small pages), or a private mapping of the file where the arena is off. Returns the
+    memory and the data's offset in it."""
+    if not huge_pages.enabled():
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY), base
+    data = huge_pages.arena(nbytes)
+    f.seek(base)
+    view, done = memoryview(data.numpy()), 0
+    while done < nbytes:
+        n = f.readinto(view[done:done + (64 << 20)])
+        if not n:
+            raise OSError(f"{f.name} ended {nbytes - done} bytes early")
+        done += n
+    view.release()
+    return data, 0
 
 
 def prune(root: Path, cap: int, keep: Path | None = None) -> list[Path]:
     """Remove this cache's layouts under root whose engine dir no longer exists, then the least recently used
     (oldest modification time: `read` refreshes it) until the rest take at most `cap` bytes; never `keep`, and
     never a file that is not provably a layout of this cache. Temp files of writers that died long ago go too. A
-    process that has a removed file mapped keeps reading it (the data stays until it is unmapped). Returns what was
+    process holding a removed file's data keeps it (read into memory, or mapped until unmapped). Returns what was
     removed."""
     entries, removed = [], []
     try:
