@@ -68,8 +68,11 @@ def fake_llama_cpp(tokenizer, outputs, calls, part_at=None, tokenize_part=None):
                      **kwargs):
             self.kwargs = dict(model_path=model_path, n_ctx=n_ctx, n_threads=n_threads,
                                n_threads_batch=n_threads_batch, draft_model=draft_model, **kwargs)
-            self.events, self.tokenized = [], []
+            self.events, self.tokenized, self.draft_model = [], [], draft_model
             calls.append(self)
+
+        def close(self):
+            self.events.append("close")
 
         def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False):
             assert isinstance(text, bytes) and special
@@ -130,9 +133,11 @@ def test_bench_runs_llama_cpp_on_our_token_ids_and_reports_it(engine, prompt_fil
         kw = llama.kwargs
         assert (kw["model_path"], kw["n_threads"], kw["n_threads_batch"], kw["n_gpu_layers"]) == (str(gguf), 1, 1, 0)
         assert kw["n_ctx"] == 64 + NEW and kw["verbose"] is False
-        gens = [e for e in llama.events if e != "reset"]
+        assert llama.events[-1] == "close" and llama.events.count("close") == 1  # freed after the runs
+        events = llama.events[:-1]
+        gens = [e for e in events if e != "reset"]
         assert len(gens) == 1 + 2 * 3  # the warm-up, then 2 repeats x 3 prompts
-        assert all(e == "reset" for e in llama.events[0::2]) and len(llama.events) == 2 * len(gens)
+        assert all(e == "reset" for e in events[0::2]) and len(events) == 2 * len(gens)
         assert {tuple(g[1]) for g in gens[1:]} == set(outputs)  # our token ids, never text
         assert all(g[2] == 0.0 and g[3] == 1.0 for g in gens)  # greedy, no repeat penalty
     # The chat template's rendering is tokenized without added specials, a raw prompt (b) with them, as ours are.
@@ -268,6 +273,8 @@ def test_llama_cpp_draft_runs_a_second_llama_on_the_draft_gguf(engine, prompt_fi
     assert res["methods"]["llama.cpp-draft"]["draft_model"] == {"GGUFDrafter": {"gguf": str(small),
                                                                                  "num_pred_tokens": DRAFT_TOKENS}}
     assert res["llama_cpp"]["speculative_vs_plain"]["llama.cpp-draft"]["equal"] == 3
+    # every Llama (the drafter's too) is freed once the runs are done, before the verify-cost curve is timed
+    assert all(c.events.count("close") == 1 and c.events[-1] == "close" for c in calls)
 
 
 def test_llama_cpp_bad_input(engine, prompt_file, tmp_path, monkeypatch):

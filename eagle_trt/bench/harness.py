@@ -174,6 +174,9 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
     llama = _llama_cpp_info(method_objs, session.tokenizer, full, progress)
     results = run_bench(method_objs, encoded, max_new_tokens, repeats, progress=progress,
                         compare=_llama_cpp_pairs(methods))
+    for m in method_objs:  # llama.cpp loaded in this process slows the forwards the curve times next
+        if m.name in LLAMA_CPP_METHODS:
+            m.close()
     results["warnings"] = cut + (llama["tokenizer"]["mismatches"] if llama else []) + results["warnings"]
     if llama:
         _add_llama_cpp(results, llama)

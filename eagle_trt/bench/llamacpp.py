@@ -117,6 +117,14 @@ class LlamaCppMethod(Method):
             gen.close()
         return MethodOutput(out, time.perf_counter() - t)
 
+    def close(self) -> None:
+        """Free llama.cpp's model and context (its drafter's too): a loaded llama.cpp slows the torch forwards timed
+        after it in this process (bench's verify-cost curve)."""
+        draft = getattr(self.llama, "draft_model", None)
+        for owner in (self.llama, getattr(draft, "llama", None)):
+            if owner is not None and hasattr(owner, "close"):
+                owner.close()
+
 
 class GGUFDrafter:
     """llama-cpp-python's `draft_model` hook (called with the context's token ids, returns the draft's token ids)
