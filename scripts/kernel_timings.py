@@ -110,7 +110,8 @@ def forward_curve(engine: str, reps: int) -> None:
     e, dtype = _engine(engine)
     target = LlamaTarget.load(e.target_dir, dtype, block_compute=e.manifest.block_compute)
     c = curve(target, [1, 4, 8, 16, 32], context=200, reps=reps)
-    print(f"target forward ({e.config.dtype}, {e.manifest.block_compute} blocks, kernels {target.kernels.name}, 200 cached tokens), ms:")
+    print(f"target forward ({e.config.dtype}, {e.manifest.block_compute} blocks, kernels {target.kernels.name}, "
+          "200 cached tokens), ms:")
     print("  " + "  ".join(f"T={t}: {s * 1e3:.1f}" for t, s in c.items()) + f"   16 vs 1: {c[16] / c[1]:.2f}x")
 
 
@@ -151,8 +152,8 @@ def forward_parts(engine: str, reps: int, context: int = 300) -> None:
         calls[("draft head forward", t)] = lambda a=(feats, torch.arange(t) + 7, torch.full((t,), context), m): \
             head.forward(a[0], a[1], a[2], hcache, context, a[3])
     med = interleaved(calls, reps)
-    print(f"{e.config.dtype} target ({e.manifest.block_compute} blocks), kernels {target.kernels.name}, {context} cached tokens, {reps} repeats, ms, "
-          "median (min):")
+    print(f"{e.config.dtype} target ({e.manifest.block_compute} blocks), kernels {target.kernels.name}, "
+          f"{context} cached tokens, {reps} repeats, ms, median (min):")
     for name in dict.fromkeys(n for n, _ in calls):
         print(f"  {name:23} " + "   ".join(f"T={t:2} {med[(n, t)].ms()}" for n, t in calls if n == name))
 

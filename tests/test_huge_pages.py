@@ -51,8 +51,8 @@ def test_a_view_keeps_its_arena_alive():
     tail = a[(2 << 20):]
     del a
     gc.collect()
-    junk = [torch.full((1 << 20,), 9, dtype=torch.uint8) for _ in range(8)]  # reuse freed memory, if any was
-    assert bool((tail == 5).all()) and junk[0][0] == 9
+    junk = [torch.full((1 << 20,), 9, dtype=torch.uint8) for _ in range(8)]  # would reuse the arena, were it freed
+    assert bool((tail == 5).all()) and len(junk) == 8
 
 
 @pytest.fixture
@@ -91,8 +91,8 @@ def test_a_file_shorter_than_its_data_raises(tmp_path, monkeypatch):
     f = tmp_path / "short.bin"
     f.write_bytes(bytes(range(200)))
     with open(f, "rb") as fh:
-        data, base = weight_cache._load_data(fh, 8, 192)
-        assert base == 0 and bytes(data.numpy()) == bytes(range(8, 200))
+        data = weight_cache._load_data(fh, 8, 192)
+        assert data.data_ptr() % huge_pages.HUGE == 0 and bytes(data.numpy()) == bytes(range(8, 200))
         with pytest.raises(OSError, match="bytes early"):
             weight_cache._load_data(fh, 8, 300)
 

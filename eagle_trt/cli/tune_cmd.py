@@ -80,13 +80,10 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
           lookup, dry_run, top, json_out, skip_verify) -> None:
     import torch
 
-    from eagle_trt.models import huge_pages
-
-    huge_pages.prefer()  # tune decodes for long, and measures what serve and bench will run: the same memory
-
     from eagle_trt.bench.prompts import load_prompts
     from eagle_trt.bench.tune import tune_engine
     from eagle_trt.bench.tune_store import check_writable, store_tuned
+    from eagle_trt.models import huge_pages
     from eagle_trt.runtime.session import Session
 
     require_engine(engine)
@@ -95,6 +92,7 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
     beam_list, (lookup_tokens, lookup_branches, datastore_branches, caps) = _checked_options(
         max_new_tokens, max_depth, limit, validate, validate_repeats, positions, beams, lookup)
     apply_threads(threads)
+    huge_pages.prefer()  # tune decodes for long, and measures the memory serve and bench decode from
     session = Session.open(engine, verify=not skip_verify)
     cfg = session.config
     if cfg.backend != "torch":

@@ -163,9 +163,9 @@ def write(path: Path, tensors: dict[str, torch.Tensor], meta: dict, source: Weig
 
 
 def read(path: Path | None) -> tuple[dict[str, torch.Tensor], dict] | None:
-    """The stored tensors (views of one huge-page arena holding the file's data, or of a private mapping of the
-    file where the arena is off) and meta, or None when there is no usable file. Its checksum is verified over every byte first; a damaged file is reported once and removed
-    (the caller makes the layout again)."""
+    """The stored tensors (views of a private mapping of the file, or of a huge-page arena holding its data: see
+    `_load_data`) and meta, or None when there is no usable file. Its checksum is verified over every byte first; a
+    damaged file is reported once and removed (the caller makes the layout again)."""
     if path is None:
         return None
     try:
@@ -186,11 +186,11 @@ def read(path: Path | None) -> tuple[dict[str, torch.Tensor], dict] | None:
             _bad(path, problem)
             return None
         try:
-            data, base = _load_data(f, base, header["data_bytes"])
+            data = _load_data(f, base, header["data_bytes"])
         except OSError as e:
             _bad(path, f"cannot be read ({e})", remove=False)
             return None
-    view = memoryview(data.numpy()) if isinstance(data, torch.Tensor) else memoryview(data)[base:]
+    view = memoryview(data.numpy())
     ok = xxhash.xxh3_128_hexdigest(view) == header["checksum"]
     view.release()
     if not ok:
@@ -203,23 +203,16 @@ def read(path: Path | None) -> tuple[dict[str, torch.Tensor], dict] | None:
     tensors = {}
     for name, e in header["tensors"].items():
         dtype = _DTYPES[e["dtype"]]
-        count = e["bytes"] // _itemsize(dtype)
-        if not count:
-            flat = torch.empty(0, dtype=dtype)
-        elif isinstance(data, torch.Tensor):
-            flat = data[e["offset"]:e["offset"] + e["bytes"]].view(dtype)
-        else:
-            flat = torch.frombuffer(data, dtype=dtype, count=count, offset=base + e["offset"])
+        flat = data[e["offset"]:e["offset"] + e["bytes"]].view(dtype) if e["bytes"] else torch.empty(0, dtype=dtype)
         tensors[name] = flat.view(e["shape"])
     return tensors, header["meta"]
 
 
-def _load_data(f, base: int, nbytes: int):
-    """The file's tensor bytes: read into a huge-page arena (`huge_pages.py`: the kernels stream them faster than
-    through the page cache's small pages), or a private mapping of the file where the arena is off. Returns the
-    memory and the data's offset in it."""
+def _load_data(f, base: int, nbytes: int) -> torch.Tensor:
+    """The file's nbytes of tensor data from offset base, as uint8: a view of a private mapping of the file, or,
+    where `huge_pages.enabled()`, read into a huge-page arena (the kernels stream it faster there)."""
     if not huge_pages.enabled():
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY), base
+        return torch.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY), dtype=torch.uint8)[base:]
     data = huge_pages.arena(nbytes)
     f.seek(base)
     view, done = memoryview(data.numpy()), 0
@@ -229,7 +222,7 @@ def _load_data(f, base: int, nbytes: int):
             raise OSError(f"{f.name} ended {nbytes - done} bytes early")
         done += n
     view.release()
-    return data, 0
+    return data
 
 
 def prune(root: Path, cap: int, keep: Path | None = None) -> list[Path]:
