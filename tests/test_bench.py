@@ -250,3 +250,24 @@ def test_prompt_encoding_uses_the_chat_template(engine):
                                                             tokenize=True)["input_ids"])
     raw = Prompt("y", "c", text="abc", chat=False)
     assert raw.encode(tok) == tok("abc").input_ids
+
+
+def test_roofline_bandwidth_is_the_best_measured(monkeypatch):
+    """The roofline's bandwidth is a ceiling: the fastest copy repeat, and the best of bench's measurements before
+    and after its runs (a slow moment on a shared machine must not put plain decoding above 100% of it)."""
+    from eagle_trt.bench import report, roofline
+
+    times = iter([0.5, 0.1, 0.3])
+    monkeypatch.setattr(roofline, "_seconds", lambda fn: next(times))
+    assert roofline.copy_bandwidth(1, reps=3) == pytest.approx(2 * (1 << 20) / 0.1)
+
+    monkeypatch.setattr(roofline, "copy_bandwidth", lambda mb: 20e9)
+    monkeypatch.setattr(roofline, "target_weight_bytes", lambda target: 1000)
+    monkeypatch.setattr(roofline, "forward_curve", lambda *a: {1: 0.01})
+    fast_before = roofline.measure_machine(None, 8, 4, earlier_bandwidth=(30e9,))
+    assert fast_before["copy_bandwidth_gb_s"] == pytest.approx(30.0)
+    assert fast_before["copy_bandwidth_samples_gb_s"] == [pytest.approx(30.0), pytest.approx(20.0)]
+    assert roofline.measure_machine(None, 8, 4, earlier_bandwidth=(10e9,))["copy_bandwidth_gb_s"] == pytest.approx(20)
+    line = report._roofline_md({"machine": fast_before, "roofline": {"weight_mb_per_token": 1.0,
+                                                                      "roofline_tokens_per_second": 30.0}})[2]
+    assert "30.00 GB/s (the best of 30.00, 20.00 GB/s measured in this run" in line

@@ -172,6 +172,8 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
     encoded, cut, full = _encode(prompt_set, session, progress)
     truncated = len(cut)
     llama = _llama_cpp_info(method_objs, session.tokenizer, full, progress)
+    # The copy bandwidth before the runs as well as after them: on a shared machine one moment can be a slow one.
+    bandwidth_before = (roofline.copy_bandwidth(bandwidth_mb),) if machine else ()
     results = run_bench(method_objs, encoded, max_new_tokens, repeats, progress=progress,
                         compare=_llama_cpp_pairs(methods))
     for m in method_objs:  # llama.cpp loaded in this process slows the forwards the curve times next
@@ -193,7 +195,8 @@ def bench_engine(engine, prompts: str = "chat", limit: int | None = None, max_ne
         context = int(sum(len(i) for _, i in encoded) / len(encoded)) + max_new_tokens // 2
         max_tree = max(65, session.decode_config().tree_capacity())
         results["machine"] = roofline.measure_machine(session.runner.target, context, max_tree, bandwidth_mb,
-                                                      aux_layers=session.runner.aux_layers)
+                                                      aux_layers=session.runner.aux_layers,
+                                                      earlier_bandwidth=bandwidth_before)
         results["roofline"] = roofline.derive(results["machine"], results["summary"])
     if out is not None:
         results["plots"] = [str(p) for p in (_plots(results, out) if plots else [])]

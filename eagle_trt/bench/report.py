@@ -190,14 +190,19 @@ def _llama_cpp_md(info: dict | None) -> list[str]:
     return lines + [""]
 
 
+def _bandwidth_samples(machine: dict) -> str:
+    samples = machine.get("copy_bandwidth_samples_gb_s") or [machine["copy_bandwidth_gb_s"]]
+    return ", ".join(f"{b:.2f}" for b in samples) + " GB/s"
+
+
 def _roofline_md(results: dict) -> list[str]:
     """This run's bandwidth, the roofline and each method's share of it, and the verify-cost curve."""
     roof, machine = results.get("roofline"), results.get("machine")
     if not (roof and machine):
         return []
     lines = ["## Roofline", "",
-             f"- memory copy bandwidth: {machine['copy_bandwidth_gb_s']:.2f} GB/s (measured in this run, "
-             f"threads: {machine['threads']})",
+             f"- memory copy bandwidth: {machine['copy_bandwidth_gb_s']:.2f} GB/s (the best of "
+             f"{_bandwidth_samples(machine)} measured in this run, threads: {machine['threads']})",
              f"- target weights read per token: {roof['weight_mb_per_token']:.1f} MB",
              f"- roofline (bandwidth / weight bytes): {roof['roofline_tokens_per_second']:.1f} tokens/s"]
     for name in ("ar", "hf"):

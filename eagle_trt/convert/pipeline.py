@@ -176,18 +176,8 @@ def convert_model(
     (`engine_features.py`). `draft_model`: draft with that small LM instead of a head
     (`draft_model.py`). `regenerate_endpoint`: --regenerate asks these OpenAI-compatible servers
     (`regen_endpoint.py`), checked before the target loads."""
-    if regenerate_endpoint is not None and (draft_model is not None or not regenerate
-                                            or (steps <= 0 and epochs is None)):
-        raise InputError("--regenerate-endpoint is where --regenerate gets the answers for training a head: add "
-                         "--regenerate and --steps N or --epochs N (and no --draft-model)")
-    if head_intermediate_size is not None and (head_intermediate_size < 1 or head is not None
-                                               or draft_model is not None):
-        raise InputError(f"--head-intermediate-size {head_intermediate_size}: the width of a head made here, at "
-                         "least 1 (not with --head or --draft-model, which bring their own)")
-    if features_from is not None and (not (Path(features_from).expanduser() / "manifest.json").is_file()
-                                      or (steps <= 0 and epochs is None)):
-        raise InputError(f"--features-from {features_from}: an engine dir (`eagle-trt build` of MODEL) that computes "
-                         "the features for training a head: add --steps N or --epochs N with --data")
+    _check_flag_combinations(regenerate_endpoint is not None, regenerate, steps > 0 or epochs is not None,
+                             head_intermediate_size, head, draft_model, features_from)
     if draft_model is not None:
         _world(False, batch_size)  # nothing to train: one process only
         return convert_with_draft_model(model_path, draft_model, output_dir, overwrite, progress, dict(
@@ -234,6 +224,22 @@ def convert_model(
     if report is not None:
         summary["validation"] = report["validation"]
     return ConvertResult(out, out / "target", out / "draft", summary)
+
+
+def _check_flag_combinations(endpoint: bool, regenerate: bool, train: bool, head_intermediate_size: int | None,
+                             head, draft_model, features_from) -> None:
+    """Options that only mean something beside others: each mismatch is one InputError naming the flags."""
+    if endpoint and (draft_model is not None or not regenerate or not train):
+        raise InputError("--regenerate-endpoint is where --regenerate gets the answers for training a head: add "
+                         "--regenerate and --steps N or --epochs N (and no --draft-model)")
+    if head_intermediate_size is not None and (head_intermediate_size < 1 or head is not None
+                                               or draft_model is not None):
+        raise InputError(f"--head-intermediate-size {head_intermediate_size}: the width of a head made here, at "
+                         "least 1 (not with --head or --draft-model, which bring their own)")
+    if features_from is not None and (not (Path(features_from).expanduser() / "manifest.json").is_file()
+                                      or not train):
+        raise InputError(f"--features-from {features_from}: an engine dir (`eagle-trt build` of MODEL) that computes "
+                         "the features for training a head: add --steps N or --epochs N with --data")
 
 
 def _write_checkpoint(out: Path, overwrite: bool, stages: Stages, loaded: list, tokenizer, info, o: dict):
