@@ -99,6 +99,7 @@ $(QWEN_ENGINE)/manifest.json: $(QWEN_CKPT)/convert.json configs/qwen2.5-coder-1.
 	$(EAGLE) build --config configs/qwen2.5-coder-1.5b-eagle3.yaml --output $(QWEN_ENGINE)
 $(QWEN_ENGINE)/tuned.json: $(QWEN_ENGINE)/manifest.json
 	$(EAGLE) tune --engine $(QWEN_ENGINE) --prompts data/qwen15_chat_calibration.jsonl,data/code_calibration.jsonl --limit 4
+	touch $@
 
 demo-qwen: $(QWEN_ENGINE)/tuned.json
 	$(EAGLE) run --engine $(QWEN_ENGINE) --prompt "$(PROMPT)" --max-new-tokens 96
@@ -147,8 +148,10 @@ engine: $(ENGINE)/manifest.json
 
 # The tree that pays differs per CPU (the build default's 16-token tree wins on a CPU with AMX tiles and loses to
 # plain decoding on a 2-core AVX-512 one: docs/bench.md): tune measures this machine once, `run` reads tuned.json.
+# (tune lists tuned.json in manifest.json after writing it: the touch keeps make from tuning again on every call.)
 $(ENGINE)/tuned.json: $(ENGINE)/manifest.json
 	$(EAGLE) tune --engine $(ENGINE) --limit 4
+	touch $@
 
 demo: $(ENGINE)/tuned.json
 	$(EAGLE) run --engine $(ENGINE) --prompt "$(PROMPT)" --max-new-tokens 96

@@ -62,6 +62,8 @@ def test_tune_stores_verified_defaults_that_session_and_bench_use(engine, tmp_pa
     assert {1, 16} <= sizes and max(sizes) > 65
     eng = open_engine(engine, verify=True)  # the manifest lists tuned.json with its hash
     assert "tuned.json" in eng.manifest.files
+    # Readable wherever the rest of the engine is (a deployed engine may be served by another user).
+    assert (engine / "tuned.json").stat().st_mode & 0o777 == (engine / "manifest.json").stat().st_mode & 0o777
     session = Session.open(engine)
     opts = session.decode_config()
     assert (opts.beam_width, opts.draft_length, opts.total_tokens, opts.fallback_after, opts.lookup_tokens,

@@ -26,8 +26,11 @@ def check_writable(engine_root: str | Path) -> None:
 
 
 def _atomic_write(path: Path, text: str) -> None:
+    """Write, fsync and rename into place, with the mode any file the process creates gets (mkstemp's own is
+    0600: a deployed engine served by another user could not read its tuned.json, which the manifest lists)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
@@ -36,6 +39,12 @@ def _atomic_write(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
 
 
 def store_tuned(engine_root: str | Path, best: dict, info: dict | None = None) -> Path:
