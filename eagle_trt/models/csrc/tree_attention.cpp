@@ -48,8 +48,6 @@ using namespace eagle_trt;
 
 // Query rows per task: their G query vectors each share one pass over the head's keys.
 constexpr int kRows = 3;
-// From this many query rows on, a bf16 V is widened to fp32 once per call instead of at every read.
-constexpr int kWidenRows = 4;
 
 struct Layout {
     int H, Hkv, G, S, Sp, D, Dp, T;
@@ -565,10 +563,11 @@ int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const vo
             for (int d = 0; d < D; ++d)
                 for (int j = S; j < L.Sp; ++j) kt[((int64_t)hk * D + d) * L.Sp + j] = 0.0f;
     }
-    // V is read where it is when its rows are whole vectors, else copied to fp32. A bf16 V is copied for calls of
-    // several rows too, which read each value many times (its bits either way: bf16 widens exactly).
+    // V is read where it is when its rows are whole vectors, else copied to fp32. A bf16 V is read where it is
+    // too, widened at each read (exact): a per-call fp32 copy of it made calls of 4 to 17 rows slower, not faster,
+    // at every context measured (docs/bench.md, "Attention without the per-call copy of V").
     float* vv = nullptr;
-    if (L.Dp != D || (bf16 && T >= kWidenRows)) {
+    if (L.Dp != D) {
         vv = b_vv.get<float>((size_t)Hkv * S * L.Dp);
         if (!vv) return -1;
     }
