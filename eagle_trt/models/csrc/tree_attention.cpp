@@ -601,7 +601,10 @@ int eagle_trt_tree_attention(const void* q, int64_t q_sh, int64_t q_sr, const vo
 #pragma omp for schedule(static)
         for (int task = 0; task < tasks; ++task) {
             if (!ok) continue;
-            const int t0 = task / Hkv * kRows, t1 = t0 + kRows < T ? t0 + kRows : T;
+            // Row blocks as even as kRows allows (4 rows: 2 + 2, not 3 + 1): a task costs about its rows, and the
+            // static schedule gives each thread whole blocks, so 3 + 1 left one thread three quarters of the work.
+            const int b = task / Hkv, base = T / row_blocks, extra = T % row_blocks;
+            const int t0 = b * base + (b < extra ? b : extra), t1 = t0 + base + (b < extra);
             const int hk = task % Hkv;
             const Values vals = vv ? Values{vv + (int64_t)hk * S * L.Dp, L.Dp, 0}
                                    : Values{static_cast<const char*>(v) + hk * v_sh * (bf16 ? 2 : 4), v_sr, bf16};
