@@ -255,11 +255,15 @@ def test_prompt_encoding_uses_the_chat_template(engine):
 def test_roofline_bandwidth_is_the_best_measured(monkeypatch):
     """The roofline's bandwidth is a ceiling: the fastest copy repeat, and the best of bench's measurements before
     and after its runs (a slow moment on a shared machine must not put plain decoding above 100% of it)."""
+    from types import SimpleNamespace
+
+    from eagle_trt import timing
     from eagle_trt.bench import report, roofline
 
-    times = iter([0.5, 0.1, 0.3])
-    monkeypatch.setattr(roofline, "_seconds", lambda fn: next(times))
+    clock = iter([0.0, 0.5, 1.0, 1.1, 2.0, 2.3])  # start and end of three timed copies: 0.5, 0.1 and 0.3 s
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     assert roofline.copy_bandwidth(1, reps=3) == pytest.approx(2 * (1 << 20) / 0.1)
+    monkeypatch.undo()
 
     monkeypatch.setattr(roofline, "copy_bandwidth", lambda mb: 20e9)
     monkeypatch.setattr(roofline, "target_weight_bytes", lambda target: 1000)

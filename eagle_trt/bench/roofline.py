@@ -7,12 +7,11 @@ all T, which is why verifying 16 draft tokens can cost little more than decoding
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from eagle_trt.bench.methods import DRAFT_SHARE_METHODS
 from eagle_trt.runtime.verify_cost import default_sizes, forward_curve  # noqa: F401 - bench's and tune's too
+from eagle_trt.timing import best_seconds
 
 
 def copy_bandwidth(megabytes: int = 256, reps: int = 5) -> float:
@@ -23,15 +22,7 @@ def copy_bandwidth(megabytes: int = 256, reps: int = 5) -> float:
     n = max(megabytes, 1) * (1 << 20) // 4
     src = torch.ones(n, dtype=torch.float32)
     dst = torch.empty_like(src)
-    dst.copy_(src)  # first touch of dst's pages
-    best = min(_seconds(lambda: dst.copy_(src)) for _ in range(max(reps, 1)))
-    return 2 * src.numel() * src.element_size() / best
-
-
-def _seconds(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    return 2 * src.numel() * src.element_size() / best_seconds(lambda: dst.copy_(src), reps)
 
 
 def target_weight_bytes(target) -> int:

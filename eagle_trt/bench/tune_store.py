@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import tempfile
 from pathlib import Path
 
@@ -26,25 +27,20 @@ def check_writable(engine_root: str | Path) -> None:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    """Write, fsync and rename into place, with the mode any file the process creates gets (mkstemp's own is
-    0600: a deployed engine served by another user could not read its tuned.json, which the manifest lists)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write, fsync and rename into place. The temporary file is created with mode 0666 less the umask, as every
+    other engine file is (mkstemp's 0600 would leave a deployed engine's tuned.json, which the manifest lists,
+    unreadable to the user serving it)."""
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)  # reading the umask means setting it: put it straight back
-    os.umask(mask)
-    return mask
 
 
 def store_tuned(engine_root: str | Path, best: dict, info: dict | None = None) -> Path:

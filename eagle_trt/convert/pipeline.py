@@ -195,12 +195,7 @@ def convert_model(
     progress = progress and world.is_main
     stages = Stages(progress)
 
-    with stages.stage("load", f"Loading {model_path}"):
-        model, tokenizer, info = load_target(model_path)
-    vocab = model.config.vocab_size
-    if draft_vocab_size is not None and draft_vocab_size > vocab:  # before the data, the features, the work dir
-        raise InputError(f"--draft-vocab-size {draft_vocab_size} exceeds the target's vocabulary ({vocab}); give at "
-                         f"most {vocab}, or leave it out for the full vocabulary")
+    model, tokenizer, info = _load(model_path, stages, draft_vocab_size)
     train_options = None if not train else dict(
         cfg=cfg, data=data, run_on=run_on, seq_len=seq_len, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
         ttt_steps=ttt_steps, seed=seed, regenerate=regenerate, max_new_tokens=max_new_tokens, val_prompts=val_prompts,
@@ -219,6 +214,22 @@ def convert_model(
         val_max_new_tokens=val_max_new_tokens))
     if train and work_dir is None:
         shutil.rmtree(work, ignore_errors=True)  # the default work dir only serves resume after a Ctrl-C
+    return _result(out, manifest, report, stages)
+
+
+def _load(model_path, stages: Stages, draft_vocab_size: int | None):
+    """The target (model, tokenizer, info), and --draft-vocab-size checked against its vocabulary before the data,
+    the features or the work dir are touched."""
+    with stages.stage("load", f"Loading {model_path}"):
+        model, tokenizer, info = load_target(model_path)
+    vocab = model.config.vocab_size
+    if draft_vocab_size is not None and draft_vocab_size > vocab:
+        raise InputError(f"--draft-vocab-size {draft_vocab_size} exceeds the target's vocabulary ({vocab}); give at "
+                         f"most {vocab}, or leave it out for the full vocabulary")
+    return model, tokenizer, info
+
+
+def _result(out: Path, manifest: dict, report: dict | None, stages: Stages) -> ConvertResult:
     summary = {"output_dir": str(out), "target_dir": str(out / "target"), "draft_dir": str(out / "draft"),
                **manifest, "timings_s": stages.timings, "peak_rss_mb": stages.peak_rss_mb}
     if report is not None:
