@@ -108,6 +108,44 @@ def test_the_builds_agree_bit_for_bit(fmt):
             assert all(torch.equal(first, o) for o in outs.values()), (list(outs), rows)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_prefetch_distance_changes_no_bit(fmt):
+    libs = int8_builds()
+    if not libs:
+        pytest.skip("no native kernels here")
+    w = random_blocks(fmt, 40, 768, seed=5)
+    x = torch.randn(5, 768, generator=torch.Generator().manual_seed(6))
+    for name, lib in libs.items():
+        proj = BlockProjection(lib, w, "int8")
+        before = lib.int8_set_prefetch(-1)
+        try:
+            outs = []
+            for distance in (0, 64, 4096, 1 << 20):  # 1 MiB: past the buffer's end, which a prefetch may name
+                assert lib.int8_set_prefetch(distance) >= 0
+                assert lib.int8_set_prefetch(-1) == distance
+                outs.append(torch.cat([proj(x[:1]), proj(x)]))
+            assert all(torch.equal(outs[0], o) for o in outs), name
+        finally:
+            lib.int8_set_prefetch(before)
+        assert lib.int8_set_prefetch(-1) == before
+
+
+def test_the_prefetch_setting_from_the_environment(monkeypatch):
+    from eagle_trt.errors import InputError
+    from eagle_trt.models import native
+
+    monkeypatch.delenv("EAGLE_TRT_INT8_PREFETCH", raising=False)
+    assert native.prefetch_requested() is None
+    monkeypatch.setenv("EAGLE_TRT_INT8_PREFETCH", "8192")
+    assert native.prefetch_requested() == 8192
+    monkeypatch.setenv("EAGLE_TRT_INT8_PREFETCH", "0")
+    assert native.prefetch_requested() == 0
+    for bad in ("4k", "-1", str((1 << 20) + 1)):
+        monkeypatch.setenv("EAGLE_TRT_INT8_PREFETCH", bad)
+        with pytest.raises(InputError, match="EAGLE_TRT_INT8_PREFETCH"):
+            native.prefetch_requested()
+
+
 @contextlib.contextmanager
 def tiles_from(lib, rows: int):
     """Calls of `rows` rows or more take the AMX-INT8 tiles (where the library has them) inside the block."""

@@ -37,6 +37,8 @@ int eagle_trt_int8_dot(void);
 // Many-row calls on AMX-INT8 tiles (gemm_int8_amx.cpp): whether they run here, and from how many rows.
 int eagle_trt_int8_amx(void);
 int64_t eagle_trt_int8_set_amx_rows(int64_t rows);
+// The vector path's software prefetch distance in bytes (0: none); returns the previous one, bytes < 0 only reads.
+int64_t eagle_trt_int8_set_prefetch(int64_t bytes);
 
 // bf16 projections on AMX tiles (gemm_amx.cpp).
 int eagle_trt_amx_available(void);

@@ -11,6 +11,8 @@
 
 EAGLE_TRT_NATIVE=0 turns the kernels off (the torch reference runs). EAGLE_TRT_REQUIRE_NATIVE=1 makes a missing
 compiler or a failed build an error instead of a fallback (for CI: a skipped kernel test would hide it).
+EAGLE_TRT_INT8_PREFETCH=BYTES sets how far ahead the int8 block projections' vector path prefetches its weights
+(0: not at all; default 4096 on Intel CPUs, 0 elsewhere; csrc/gemm_int8.cpp says why): the bits never depend on it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 
+from eagle_trt.errors import InputError
 from eagle_trt.models import isa
 from eagle_trt.models.native import bindings, build
 
@@ -69,10 +72,33 @@ def library():
             else:
                 try:
                     isa.check_isa(_state["lib"].isa_name)
+                    _apply_prefetch(_state["lib"])
                 except Exception:
                     _state.clear()
                     raise
     return library()
+
+
+def prefetch_requested() -> int | None:
+    """EAGLE_TRT_INT8_PREFETCH in bytes (None when unset); an InputError for a value that is not a whole number of
+    bytes from 0 to 1 MiB."""
+    raw = os.environ.get("EAGLE_TRT_INT8_PREFETCH")
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 1 << 20:
+        raise InputError(f"EAGLE_TRT_INT8_PREFETCH={raw!r}: expected a prefetch distance in bytes from 0 (off) to "
+                         "1048576, e.g. 4096; unset it for this CPU's default")
+    return value
+
+
+def _apply_prefetch(lib) -> None:
+    value = prefetch_requested()
+    if value is not None:
+        lib.int8_set_prefetch(value)
 
 
 def unavailable() -> str | None:
