@@ -50,10 +50,11 @@ int64_t default_prefetch() {
 }
 int64_t prefetch_bytes = default_prefetch();
 
-// The lines of the block `prefetch_bytes` past the one at g (bytes long) that a group's loop is about to read.
+// The lines of the block `prefetch_bytes` past the one at g (bytes long) that a group's loop is about to read, into
+// L2 (PREFETCHT1): into L1 the same requests made 3- and 4-row calls slower and 1-row calls no faster.
 inline void prefetch_ahead(const uint8_t* g, int64_t bytes) {
     if (prefetch_bytes <= 0) return;
-    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(g + prefetch_bytes + o, 0, 3);
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(g + prefetch_bytes + o, 0, 2);
 }
 
 int read_weight(const uint8_t* w, int64_t K, int64_t N, int64_t& n, Segment* seg) {
