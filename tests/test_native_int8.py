@@ -94,6 +94,37 @@ def test_rows_are_independent_and_equal_the_reference(name, dtype, fmt):
     assert torch.equal(Int8Reference(w)(x[:5]), torch.cat([Int8Reference(w)(x[i:i + 1]) for i in range(5)]))
 
 
+# The fp16 fields of a GGUF block of each format (byte offset in the block), the rest codes and sub-block scales.
+_FP16_AT = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}
+
+
+def _filled_blocks(fmt: str, fill: int, out: int, k: int) -> bw.BlockWeight:
+    """Every code and sub-block scale byte `fill` (0xFF: each format's largest code and scale), the fp16 fields 0.01."""
+    elems = bw.block_elems(fmt)
+    blocks = torch.full((out, k // elems, bw.row_bytes(fmt, elems)), fill, dtype=torch.uint8)
+    half = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8)
+    for at in _FP16_AT[fmt]:
+        blocks[:, :, at:at + 2] = half
+    return bw.from_rows(fmt, blocks.reshape(out, -1), k)
+
+
+@pytest.mark.parametrize("name", names())
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_integer_sums_at_their_bounds(name, fmt):
+    """The largest codes and scales against activations at +-127 (rows of one sign, alternating signs, and a random
+    row): where a build adds several 8-bit dot products in 16 bits (int8_sums_avx2.h), its bounds must hold at the
+    extremes, where an over-long int16 sum would wrap."""
+    lib = lib_of(name)
+    k = 512
+    x = torch.stack([torch.ones(k), -torch.ones(k), torch.ones(k) * (-1) ** torch.arange(k),
+                     torch.randn(k, generator=torch.Generator().manual_seed(11))])
+    for fill in (0xFF, 0x80, 0x7F):
+        w = _filled_blocks(fmt, fill, 20, k)
+        ref = Int8Reference(w)(x)
+        y = BlockProjection(lib, w, "int8")(x)
+        assert (y - ref).abs().max().item() <= 1e-6 * ref.abs().max().item(), (fmt, hex(fill))
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_builds_agree_bit_for_bit(fmt):
     libs = int8_builds()

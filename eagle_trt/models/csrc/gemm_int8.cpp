@@ -5,7 +5,7 @@
 // K, N, the segment count, then per segment its format, rows, bytes per 16-row group and byte offset) and each
 // segment's groups. A call quantizes its rows of x once (Q32 and/or Q256, as the segments need), then every thread
 // takes a contiguous range of groups (threads split output rows, never a sum) and, per group, register blocks of up
-// to kRows activation rows share each loaded weight vector: a T-row verify streams the weight once, not T times.
+// to max_rows activation rows share each loaded weight vector: a T-row verify streams the weight once, not T times.
 // From amx_min_rows rows on, where the CPU has AMX-INT8, a group goes through the tiles instead (gemm_int8_amx.cpp):
 // the same integers and fp32 steps, so the same bits, with the weight unpacked once for 16 rows.
 
@@ -15,6 +15,7 @@
 #include "int8_amx.h"
 #include "int8_blocks.h"
 #include "int8_dot.h"
+#include "int8_sums_avx2.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -28,11 +29,19 @@ using namespace eagle_trt;
 
 constexpr int64_t kMaxSegments = 4;
 constexpr int64_t kHeaderWords = 8 + 4 * kMaxSegments;
+constexpr int kRows = 4;
+
+// The most rows one pass over a group's weights takes for a format. AVX-512: 4 (k-quants: 3 int32 and 1 fp32
+// accumulators a row, of 32 registers). Without it there are 16 registers and each 16-lane value takes two: 2 rows,
+// but for the AVX2 build's int8_sums_avx2.h, which works half a group at a time and leaves room for 4 (q8_0's
+// 16-lane dot_q8 spills past 3).
+constexpr int64_t max_rows(int64_t format) {
 #if defined(__AVX512F__)
-constexpr int kRows = 4;  // k-quants: 3 int32 and 1 fp32 accumulators a row, of 32 registers
+    return (void)format, 4;
 #else
-constexpr int kRows = 2;  // each 16-lane value is two of AVX2's 16 registers
+    return kInt8Dot != 1 ? 2 : format == kQ8_0 ? 3 : 4;
 #endif
+}
 
 using Segment = Int8Segment;
 
@@ -87,9 +96,13 @@ void group_q8_0(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool pert
     }
 }
 
-// The dot products of a 32-block's four nibble vectors at v (q4_0's and q4_1's layout) with each row's codes.
+// The dot products of a 32-block's four nibble vectors at v (q4_0's and q4_1's layout) with each row's codes, added
+// to dot (zero on entry).
 template <int R>
-inline void nibble_dots(const uint8_t* v, const QRow* q, int64_t b, v16i* dot) {
+inline void nibble_sums(const uint8_t* v, const QRow* q, int64_t b, v16i* dot) {
+#if defined(__AVX2__)
+    if constexpr (kInt8Dot == 1) return avx2::nibble_sums<R>(v, q, b, dot);
+#endif
     for (int j = 0; j < 4; ++j) {
         const v16u w = load_quads(v + 64 * j), lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
         for (int r = 0; r < R; ++r) {
@@ -104,7 +117,7 @@ void group_q4_0(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool pert
     for (int64_t b = 0; b < K / 32; ++b, g += 288) {
         prefetch_ahead(g, 288);
         v16i dot[R] = {};
-        nibble_dots<R>(g + 32, q, b, dot);
+        nibble_sums<R>(g + 32, q, b, dot);
         const v16f d = halves16(g);
         for (int r = 0; r < R; ++r) acc[r] = step(d * q[r].d[b], dot[r] - 8 * q[r].s[b], acc[r], perturb && r == R - 1);
     }
@@ -115,7 +128,7 @@ void group_q4_1(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool pert
     for (int64_t b = 0; b < K / 32; ++b, g += 320) {
         prefetch_ahead(g, 320);
         v16i dot[R] = {};
-        nibble_dots<R>(g + 64, q, b, dot);
+        nibble_sums<R>(g + 64, q, b, dot);
         const v16f d = halves16(g), m = halves16(g + 32);
         for (int r = 0; r < R; ++r) {
             acc[r] = step(d * q[r].d[b], dot[r], acc[r], false);
@@ -139,13 +152,43 @@ void group_q5_0(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool pert
     for (int64_t b = 0; b < K / 32; ++b, g += 352) {
         prefetch_ahead(g, 352);
         v16i dot[R] = {};
-        q5_quad<R, 0>(g, q, b, dot);
-        q5_quad<R, 1>(g, q, b, dot);
-        q5_quad<R, 2>(g, q, b, dot);
-        q5_quad<R, 3>(g, q, b, dot);
+#if defined(__AVX2__)
+        if constexpr (kInt8Dot == 1) avx2::q5_sums<R>(g, q, b, dot);
+        else
+#endif
+        {
+            q5_quad<R, 0>(g, q, b, dot);
+            q5_quad<R, 1>(g, q, b, dot);
+            q5_quad<R, 2>(g, q, b, dot);
+            q5_quad<R, 3>(g, q, b, dot);
+        }
         const v16f d = halves16(g);
         for (int r = 0; r < R; ++r)
             acc[r] = step(d * q[r].d[b], dot[r] - 16 * q[r].s[b], acc[r], perturb && r == R - 1);
+    }
+}
+
+// q4_k's I (int8_blocks.h) of the 256-block at g for every row, added to I (zero on entry).
+template <int R>
+inline void q4_k_sums(const uint8_t* g, const QRow* q, int64_t b, v16i* I) {
+#if defined(__AVX2__)
+    if constexpr (kInt8Dot == 1) return avx2::q4_k_sums<R>(g, q, b, I);
+#endif
+    for (int c = 0; c < 4; ++c) {
+        // P chains a sum where few rows leave the dot products' latency exposed (integer sums: any order).
+        constexpr int P = R <= 2 ? 2 : 1;
+        v16i lo_dot[R][P] = {}, hi_dot[R][P] = {};
+        for (int j = 0; j < 8; ++j) {
+            const v16u v = load_quads(g + 320 + 512 * c + 64 * j), lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
+            for (int r = 0; r < R; ++r) {
+                const int8_t* a = q[r].a + 256 * b + 64 * c + 4 * j;
+                lo_dot[r][j % P] = dot4(lo_dot[r][j % P], lo, load_quad(a));
+                hi_dot[r][j % P] = dot4(hi_dot[r][j % P], hi, load_quad(a + 32));
+            }
+        }
+        const v16i s_lo = u8_lanes(g + 64 + 32 * c), s_hi = u8_lanes(g + 80 + 32 * c);
+        for (int r = 0; r < R; ++r)
+            for (int p = 0; p < P; ++p) I[r] += s_lo * lo_dot[r][p] + s_hi * hi_dot[r][p];
     }
 }
 
@@ -154,22 +197,7 @@ void group_q4_k(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool pert
     for (int64_t b = 0; b < K / 256; ++b, g += 2368) {
         prefetch_ahead(g, 2368);
         v16i I[R] = {}, J[R] = {};
-        for (int c = 0; c < 4; ++c) {
-            // P chains a sum where few rows leave the dot products' latency exposed (integer sums: any order).
-            constexpr int P = R <= 2 ? 2 : 1;
-            v16i lo_dot[R][P] = {}, hi_dot[R][P] = {};
-            for (int j = 0; j < 8; ++j) {
-                const v16u v = load_quads(g + 320 + 512 * c + 64 * j), lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
-                for (int r = 0; r < R; ++r) {
-                    const int8_t* a = q[r].a + 256 * b + 64 * c + 4 * j;
-                    lo_dot[r][j % P] = dot4(lo_dot[r][j % P], lo, load_quad(a));
-                    hi_dot[r][j % P] = dot4(hi_dot[r][j % P], hi, load_quad(a + 32));
-                }
-            }
-            const v16i s_lo = u8_lanes(g + 64 + 32 * c), s_hi = u8_lanes(g + 80 + 32 * c);
-            for (int r = 0; r < R; ++r)
-                for (int p = 0; p < P; ++p) I[r] += s_lo * lo_dot[r][p] + s_hi * hi_dot[r][p];
-        }
+        q4_k_sums<R>(g, q, b, I);
         for (int p = 0; p < 4; ++p) {
             const v16i m = u8_pairs(g + 192 + 32 * p);
             for (int r = 0; r < R; ++r) J[r] = madd16(J[r], m, q[r].sp[4 * b + p]);
@@ -192,26 +220,35 @@ inline void q6_quad(const uint8_t* ch, const int8_t* const* a, v16i* lo_dot, v16
     }
 }
 
+// q6_k's I (int8_blocks.h) of the 256-block at g for every row, added to I (zero on entry).
+template <int R>
+inline void q6_k_sums(const uint8_t* g, const QRow* q, int64_t b, v16i* I) {
+#if defined(__AVX2__)
+    if constexpr (kInt8Dot == 1) return avx2::q6_k_sums<R>(g, q, b, I);
+#endif
+    for (int c = 0; c < 8; ++c) {
+        const uint8_t* ch = g + 288 + 384 * c;
+        const int8_t* a[R];
+        for (int r = 0; r < R; ++r) a[r] = q[r].a + 256 * b + 32 * c;
+        v16i lo_dot[R] = {}, hi_dot[R] = {};
+        q6_quad<R, 0>(ch, a, lo_dot, hi_dot);
+        q6_quad<R, 1>(ch, a, lo_dot, hi_dot);
+        q6_quad<R, 2>(ch, a, lo_dot, hi_dot);
+        q6_quad<R, 3>(ch, a, lo_dot, hi_dot);
+        const v16i s_lo = s8_lanes(g + 32 + 32 * c), s_hi = s8_lanes(g + 48 + 32 * c);
+        for (int r = 0; r < R; ++r) {
+            const int16_t* s = q[r].s16 + 16 * b + 2 * c;
+            I[r] += s_lo * (lo_dot[r] - 32 * s[0]) + s_hi * (hi_dot[r] - 32 * s[1]);
+        }
+    }
+}
+
 template <int R>
 void group_q6_k(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool perturb) {
     for (int64_t b = 0; b < K / 256; ++b, g += 3360) {
         prefetch_ahead(g, 3360);
         v16i I[R] = {};
-        for (int c = 0; c < 8; ++c) {
-            const uint8_t* ch = g + 288 + 384 * c;
-            const int8_t* a[R];
-            for (int r = 0; r < R; ++r) a[r] = q[r].a + 256 * b + 32 * c;
-            v16i lo_dot[R] = {}, hi_dot[R] = {};
-            q6_quad<R, 0>(ch, a, lo_dot, hi_dot);
-            q6_quad<R, 1>(ch, a, lo_dot, hi_dot);
-            q6_quad<R, 2>(ch, a, lo_dot, hi_dot);
-            q6_quad<R, 3>(ch, a, lo_dot, hi_dot);
-            const v16i s_lo = s8_lanes(g + 32 + 32 * c), s_hi = s8_lanes(g + 48 + 32 * c);
-            for (int r = 0; r < R; ++r) {
-                const int16_t* s = q[r].s16 + 16 * b + 2 * c;
-                I[r] += s_lo * (lo_dot[r] - 32 * s[0]) + s_hi * (hi_dot[r] - 32 * s[1]);
-            }
-        }
+        q6_k_sums<R>(g, q, b, I);
         const v16f d = halves16(g);
         for (int r = 0; r < R; ++r) acc[r] = step(d * q[r].d[b], I[r], acc[r], perturb && r == R - 1);
     }
@@ -231,11 +268,7 @@ void group_dot(int64_t format, const uint8_t* g, int64_t K, const QRow* q, v16f*
 }
 
 using GroupFn = void (*)(int64_t, const uint8_t*, int64_t, const QRow*, v16f*, bool);
-#if defined(__AVX512F__)
 constexpr GroupFn kTable[kRows] = {group_dot<1>, group_dot<2>, group_dot<3>, group_dot<4>};
-#else
-constexpr GroupFn kTable[kRows] = {group_dot<1>, group_dot<2>};
-#endif
 
 inline bool is_q32(int64_t format) {
     return format == kQ8_0 || format == kQ4_0 || format == kQ4_1 || format == kQ5_0;
@@ -291,13 +324,13 @@ bool quantize_rows(const T* x, int64_t M, int64_t K, bool need32, bool need256, 
     return true;
 }
 
-// Group lg of segment s for every row of x: register blocks of rows (as even as kRows allows), stored to out.
+// Group lg of segment s for every row of x: register blocks of rows (as even as max_rows allows), stored to out.
 template <typename T>
 void run_group(const uint8_t* w, const Segment& s, int64_t lg, int64_t n0, const QRow* q, int64_t M, int64_t K,
                int64_t N, T* out) {
     const uint8_t* g = w + s.offset + lg * s.group_bytes;
     const int64_t valid = s.rows - lg * kGroup < kGroup ? s.rows - lg * kGroup : kGroup;
-    const int64_t blocks = (M + kRows - 1) / kRows, base = M / blocks, extra = M % blocks;
+    const int64_t most = max_rows(s.format), blocks = (M + most - 1) / most, base = M / blocks, extra = M % blocks;
     v16f acc[kRows];
     for (int64_t b = 0, r0 = 0; b < blocks; ++b) {
         const int64_t rows = base + (b < extra);

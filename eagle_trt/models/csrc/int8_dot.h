@@ -7,6 +7,8 @@
 //      here u <= 63 (q4 codes <= 15, q5 codes <= 31, q6 codes <= 63) and |a| <= 127, so a pair is at most 2 * 63 * 127 = 16002 <
 //      32767: never saturated. q8_0's weights are signed (stored + 128, up to 255: a pair could reach 64770), so
 //      dot_q8 takes |w| and a with w's sign instead: |w| <= 128, |a| <= 127, a pair <= 2 * 128 * 127 = 32512.
+//      (Only q8_0 takes these on AVX2: the other formats' codes are small enough to add several vpmaddubsw in int16
+//      before one vpmaddwd, int8_sums_avx2.h.)
 //   0: scalar (a build without AVX2; the engine does not run it, it keeps the library whole).
 #pragma once
 
