@@ -51,8 +51,9 @@ int64_t amx_min_rows = 8;
 // How far ahead of the block it computes the vector path asks for the weight stream, in bytes (0: it does not ask;
 // eagle_trt_int8_set_prefetch). A thread streams its groups front to back, and the hardware prefetchers restart at
 // every 4 KiB page, where the bytes of a few-row call then come late; where that costs (the Intel CPUs measured,
-// docs/bench.md) a software prefetch one or two blocks ahead keeps them coming. Elsewhere the default stays 0 until
-// measured. Prefetching reads nothing into the results: the bits do not depend on it.
+// docs/bench.md) a software prefetch one or two blocks ahead keeps them coming. On AMD it stays 0: the AVX2-only
+// EPYC measured ran every row count slower with it, and the others did with an earlier scheme. Prefetching reads
+// nothing into the results: the bits do not depend on it.
 int64_t default_prefetch() {
     __builtin_cpu_init();
     return __builtin_cpu_is("intel") ? 4096 : 0;
