@@ -148,21 +148,24 @@ inline void q5_quad(const uint8_t* g, const QRow* q, int64_t b, v16i* dot) {
     }
 }
 
+// q5_0's sum q a (before the offset's -16 S) of the 32-block at g for every row, added to dot (zero on entry).
+template <int R>
+inline void q5_sums(const uint8_t* g, const QRow* q, int64_t b, v16i* dot) {
+#if defined(__AVX2__)
+    if constexpr (kInt8Dot == 1) return avx2::q5_sums<R>(g, q, b, dot);
+#endif
+    q5_quad<R, 0>(g, q, b, dot);
+    q5_quad<R, 1>(g, q, b, dot);
+    q5_quad<R, 2>(g, q, b, dot);
+    q5_quad<R, 3>(g, q, b, dot);
+}
+
 template <int R>
 void group_q5_0(const uint8_t* g, int64_t K, const QRow* q, v16f* acc, bool perturb) {
     for (int64_t b = 0; b < K / 32; ++b, g += 352) {
         prefetch_ahead(g, 352);
         v16i dot[R] = {};
-#if defined(__AVX2__)
-        if constexpr (kInt8Dot == 1) avx2::q5_sums<R>(g, q, b, dot);
-        else
-#endif
-        {
-            q5_quad<R, 0>(g, q, b, dot);
-            q5_quad<R, 1>(g, q, b, dot);
-            q5_quad<R, 2>(g, q, b, dot);
-            q5_quad<R, 3>(g, q, b, dot);
-        }
+        q5_sums<R>(g, q, b, dot);
         const v16f d = halves16(g);
         for (int r = 0; r < R; ++r)
             acc[r] = step(d * q[r].d[b], dot[r] - 16 * q[r].s[b], acc[r], perturb && r == R - 1);

@@ -39,6 +39,16 @@ inline __m256i widen(__m256i s16) { return _mm256_madd_epi16(s16, _mm256_set1_ep
 inline __m256i lo_nibbles(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
 inline __m256i hi_nibbles(__m256i v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
 
+// For every row r: sl[r] += the dots of lo with row r's quad at `at`, sh[r] += those of hi with its quad `apart`
+// bytes on, in int16 (the callers keep the bounds above). sl and sh may be the same array.
+template <int R>
+inline void add_dots(__m256i lo, __m256i hi, const QRow* q, int64_t at, int apart, __m256i* sl, __m256i* sh) {
+    for (int r = 0; r < R; ++r) {
+        sl[r] = _mm256_add_epi16(sl[r], _mm256_maddubs_epi16(lo, quad(q[r].a + at)));
+        sh[r] = _mm256_add_epi16(sh[r], _mm256_maddubs_epi16(hi, quad(q[r].a + at + apart)));
+    }
+}
+
 // q4_0 / q4_1: sum q a over the 32-block b (the four nibble vectors at v), per row; q4 codes: all eight in int16.
 template <int R>
 inline void nibble_sums(const uint8_t* v, const QRow* q, int64_t b, v16i* I) {
@@ -46,12 +56,8 @@ inline void nibble_sums(const uint8_t* v, const QRow* q, int64_t b, v16i* I) {
         __m256i s[R];
         for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
         for (int j = 0; j < 4; ++j) {
-            const __m256i w = load(v + 64 * j + 32 * h), lo = lo_nibbles(w), hi = hi_nibbles(w);
-            for (int r = 0; r < R; ++r) {
-                const int8_t* a = q[r].a + 32 * b + 4 * j;
-                s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(lo, quad(a)));
-                s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(hi, quad(a + 16)));
-            }
+            const __m256i w = load(v + 64 * j + 32 * h);
+            add_dots<R>(lo_nibbles(w), hi_nibbles(w), q, 32 * b + 4 * j, 16, s, s);
         }
         for (int r = 0; r < R; ++r) reinterpret_cast<__m256i*>(&I[r])[h] = widen(s[r]);
     }
@@ -70,11 +76,7 @@ inline void q5_sums(const uint8_t* g, const QRow* q, int64_t b, v16i* I) {
             // int8_dot.h's q5_codes: the fifth bit of k = 4j + t is bit j of byte t, of k = 16 + 4j + t bit 4 + j.
             const __m256i lo = _mm256_or_si256(lo_nibbles(w), _mm256_and_si256(_mm256_slli_epi32(top, 4 - j), five));
             const __m256i hi = _mm256_or_si256(hi_nibbles(w), _mm256_and_si256(_mm256_srli_epi32(top, j), five));
-            for (int r = 0; r < R; ++r) {
-                const int8_t* a = q[r].a + 32 * b + 4 * j;
-                sl[r] = _mm256_add_epi16(sl[r], _mm256_maddubs_epi16(lo, quad(a)));
-                sh[r] = _mm256_add_epi16(sh[r], _mm256_maddubs_epi16(hi, quad(a + 16)));
-            }
+            add_dots<R>(lo, hi, q, 32 * b + 4 * j, 16, sl, sh);
         }
         for (int r = 0; r < R; ++r)
             reinterpret_cast<__m256i*>(&I[r])[h] = _mm256_add_epi32(widen(sl[r]), widen(sh[r]));
@@ -92,12 +94,8 @@ inline void q4_k_sums(const uint8_t* g, const QRow* q, int64_t b, v16i* I) {
             __m256i sl[R], sh[R];
             for (int r = 0; r < R; ++r) sl[r] = sh[r] = _mm256_setzero_si256();
             for (int j = 0; j < 8; ++j) {
-                const __m256i w = load(g + 320 + 512 * c + 64 * j + 32 * h), lo = lo_nibbles(w), hi = hi_nibbles(w);
-                for (int r = 0; r < R; ++r) {
-                    const int8_t* a = q[r].a + 256 * b + 64 * c + 4 * j;
-                    sl[r] = _mm256_add_epi16(sl[r], _mm256_maddubs_epi16(lo, quad(a)));
-                    sh[r] = _mm256_add_epi16(sh[r], _mm256_maddubs_epi16(hi, quad(a + 32)));
-                }
+                const __m256i w = load(g + 320 + 512 * c + 64 * j + 32 * h);
+                add_dots<R>(lo_nibbles(w), hi_nibbles(w), q, 256 * b + 64 * c + 4 * j, 32, sl, sh);
             }
             const __m256i s_lo = u8x8(g + 64 + 32 * c + 8 * h), s_hi = u8x8(g + 80 + 32 * c + 8 * h);
             const __m256i p_lo = pair(s_lo, s_lo), p_hi = pair(s_hi, s_hi);
@@ -157,9 +155,8 @@ inline void q6_k_sums(const uint8_t* g, const QRow* q, int64_t b, v16i* I) {
             for (int r = 0; r < R; ++r) {
                 acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(_mm256_madd_epi16(lo[r], p_lo),
                                                                    _mm256_madd_epi16(hi[r], p_hi)));
-                const int16_t* s = q[r].s16 + 16 * b + 2 * c;
-                corr[r] = _mm256_add_epi32(corr[r], _mm256_madd_epi16(p_s, _mm256_set1_epi32(load_quad(
-                                                                                reinterpret_cast<const int8_t*>(s)))));
+                const auto* s = reinterpret_cast<const int8_t*>(q[r].s16 + 16 * b + 2 * c);  // (S_2c, S_2c+1)
+                corr[r] = _mm256_add_epi32(corr[r], _mm256_madd_epi16(p_s, quad(s)));
             }
         }
         for (int r = 0; r < R; ++r)
