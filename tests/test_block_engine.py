@@ -128,6 +128,7 @@ def test_bad_weights_settings_are_one_line_errors(tiny_checkpoint, tmp_path):
     r = cli.invoke(app, ["build", "--config", str(cfg), "--output", str(tmp_path / "e")])
     assert r.exit_code == 2 and r.output.count("\n") == 1
     assert "weights: q4_k: tensor 'lm_head.weight' [260, 64] has an input size that is not a multiple of 256" in r.output
+    assert "use weights: q4_0 or q8_0 (blocks of 32) or weights: float" in r.output  # 64 is whole 32-blocks
     cfg.write_text(f"name: t\ncheckpoint_dir: {tiny_checkpoint}\nweights: q6_k\n")
     r = cli.invoke(app, ["build", "--config", str(cfg), "--output", str(tmp_path / "e")])
     assert r.exit_code == 2 and "weights" in r.output and "q6_k" in r.output

@@ -103,9 +103,11 @@ def plan(shapes: dict[str, tuple[int, ...]], weights: str, kept: dict[str, dict]
         src = EMBED if name == LM_HEAD and LM_HEAD not in shapes else name
         shape = tuple(shapes[src])
         if len(shape) != 2 or shape[1] % block_weights.block_elems(weights):
+            small = len(shape) == 2 and shape[1] % 32 == 0  # the 32-element formats still fit
             raise InputError(f"{field}: {weights}: tensor '{src}' {list(shape)} has an input size that is not a "
                              f"multiple of {block_weights.block_elems(weights)} ({weights}'s block); use "
-                             f"{field}: float for this model")
+                             + (f"{field}: q4_0 or q8_0 (blocks of 32) or " if small else "")
+                             + f"{field}: float for this model")
         out[name] = BlockPlan(weights, shape, src)
     return out
 
