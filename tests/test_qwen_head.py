@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 # size: (head dir, GGUF, hidden size, the target layers whose outputs the head reads)
@@ -59,8 +60,10 @@ def session(request, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("qwen-head")
     convert_model(gguf, tmp / "ckpt", head=head, progress=False, calibrate_kv=False)  # no training
+    shipped = yaml.safe_load((REPO / "configs" / f"qwen2.5-coder-{request.param}-eagle3.yaml").read_text())
     cfg = parse_config({"name": "qwen-head-test", "checkpoint_dir": str(tmp / "ckpt"), "dtype": "bfloat16",
-                        "weights": "auto", "draft_weights": "q8_0", "max_input_len": 256, "max_output_len": 64})
+                        "weights": "auto", "draft_weights": shipped["draft_weights"],  # as the shipped config builds it
+                        "max_input_len": 256, "max_output_len": 64})
     build_engine(cfg, output_dir=tmp / "engine")
     return Session.open(tmp / "engine")
 

@@ -103,7 +103,7 @@ def plan(shapes: dict[str, tuple[int, ...]], weights: str, kept: dict[str, dict]
         src = EMBED if name == LM_HEAD and LM_HEAD not in shapes else name
         shape = tuple(shapes[src])
         if len(shape) != 2 or shape[1] % block_weights.block_elems(weights):
-            small = len(shape) == 2 and shape[1] % 32 == 0  # the 32-element formats still fit
+            small = len(shape) == 2 and shape[1] % block_weights.block_elems("q8_0") == 0  # 32-blocks fit
             raise InputError(f"{field}: {weights}: tensor '{src}' {list(shape)} has an input size that is not a "
                              f"multiple of {block_weights.block_elems(weights)} ({weights}'s block); use "
                              + (f"{field}: q4_0 or q8_0 (blocks of 32) or " if small else "")
