@@ -62,6 +62,10 @@ def convert(
         help="Ship an already trained head dir (config.json + model.safetensors) instead of a new one: eagle-trt's "
              "own, an `eagle-trt export`, or EAGLE's, SGLang/SpecForge's or speculators' layout (detected, checked "
              "against MODEL; docs/interop.md).")] = None,
+    init_head: Annotated[Optional[Path], typer.Option(
+        "--init-head", help="Train from this head (eagle-trt's layout: a heads/ dir or a checkpoint's draft/) "
+                            "instead of a fresh one, e.g. to fine-tune it on the target's own answers. Its draft "
+                            "vocabulary and MLP width are kept.")] = None,
     draft_model: Annotated[Optional[Path], typer.Option(
         "--draft-model", help="Draft with this small LM (HF dir or .gguf) instead of an EAGLE-3 head: it must share "
                               "MODEL's tokenizer (checked; exit 2 naming the first difference). No training.")] = None,
@@ -102,6 +106,8 @@ def convert(
 
       eagle-trt convert model.gguf --output ckpt --head heads/smollm2-135m-instruct
 
+      eagle-trt convert model.gguf --output ckpt --init-head heads/HEAD --data own_answers.jsonl --epochs 1
+
       eagle-trt convert big.gguf --draft-model small.gguf --output ckpt   # a small LM of the same family drafts
     """
     if nproc != 1:
@@ -115,7 +121,7 @@ def convert(
         features_from=features_from,
         overwrite=force,
         max_shard_size=max_shard_size,
-        draft_model=draft_model),
+        draft_model=draft_model, init_head=init_head),
         json_out, None if regenerate_endpoint is None else dict(
             spec=regenerate_endpoint, model=regenerate_model, concurrency=regenerate_concurrency,
             retries=regenerate_retries, api_key=regenerate_api_key))

@@ -116,6 +116,8 @@ def attach_and_train(model, tokenizer, info, stage: Path | None, stages: Stages,
         with stages.stage("attach", "Attaching EAGLE-3 head (modelopt)"):
             # On the CPU: the head's seeded initialisation is then the same whatever device trains it.
             model = attach_eagle3(model.cpu(), draft_vocab_size, intermediate_size=intermediate_size)
+            if train and train.get("init_head") is not None:  # its d2t, not one picked from this data
+                d2t = train["init_head"].load_into(model)
         if train:
             model, result, run_config = _train(model, cache, d2t, info, train, work, stages, world)
     if stage is None:
@@ -124,6 +126,7 @@ def attach_and_train(model, tokenizer, info, stage: Path | None, stages: Stages,
         training = {"data": dataset.stats, "config": {**run_config, "batch_size": train["batch_size"],
                                                       "ttt_steps": train["ttt_steps"], "seed": train["seed"],
                                                       "regenerate": train["regenerate"],
+                                                      **_init_summary(train.get("init_head")),
                                                       "device": str(train["run_on"]), "world_size": world.size,
                                                       "precision": str(train.get("precision", torch.float32))
                                                       .replace("torch.", ""),
@@ -147,6 +150,11 @@ def _width_field(model) -> dict:
     """The head's MLP width where it is not the target's (a default-width run's config keeps its old form)."""
     width = model.eagle_config.intermediate_size
     return {} if width == model.config.intermediate_size else {"head_intermediate_size": width}
+
+
+def _init_summary(init) -> dict:
+    """Where training started, when not from a seeded head (nothing otherwise)."""
+    return {} if init is None else {"init_head": str(init.path)}
 
 
 def _endpoint_summary(served) -> dict:

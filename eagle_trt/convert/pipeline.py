@@ -51,6 +51,7 @@ from .distributed import World
 from .draft_model import convert_with_draft_model
 from .export import check_output_dir, staged_output, write_manifest, write_target
 from .head_training import attach_and_train
+from .init_head import open_init_head
 from .keep_blocks import keep_blocks
 from .load_target import load_target
 from .regen_endpoint import EndpointOptions, connect
@@ -165,6 +166,7 @@ def convert_model(
     max_shard_size: str | int = "5GB",
     draft_model: str | Path | None = None,
     regenerate_endpoint: EndpointOptions | None = None,
+    init_head: str | Path | None = None,
 ) -> ConvertResult:
     """Convert MODEL (HF dir or .gguf) into OUT with an EAGLE-3 draft head; see the module doc.
 
@@ -175,7 +177,12 @@ def convert_model(
     products' dtype there. `features_from`: a built engine of this model computes the feature cache
     (`engine_features.py`). `draft_model`: draft with that small LM instead of a head
     (`draft_model.py`). `regenerate_endpoint`: --regenerate asks these OpenAI-compatible servers
-    (`regen_endpoint.py`), checked before the target loads."""
+    (`regen_endpoint.py`), checked before the target loads. `init_head`: training starts from that head
+    (`init_head.py`), whose draft vocabulary and width are kept."""
+    init = open_init_head(init_head, trains=steps > 0 or epochs is not None,
+                          brings_own=head is not None or draft_model is not None)
+    if init is not None:
+        draft_vocab_size, head_intermediate_size = init.fill(draft_vocab_size, head_intermediate_size)
     _check_flag_combinations(regenerate_endpoint is not None, regenerate, steps > 0 or epochs is not None,
                              head_intermediate_size, head, draft_model, features_from)
     if draft_model is not None:
@@ -200,7 +207,7 @@ def convert_model(
         cfg=cfg, data=data, run_on=run_on, seq_len=seq_len, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
         ttt_steps=ttt_steps, seed=seed, regenerate=regenerate, max_new_tokens=max_new_tokens, val_prompts=val_prompts,
         resume=resume, progress=progress, on_step=on_step, world=world, endpoint=served,
-        precision=products, features_from=features_from)
+        precision=products, features_from=features_from, init_head=init)
     if not world.is_main:  # a helper rank trains with the others; rank 0 alone writes OUT
         attach_and_train(model, tokenizer, info, None, stages, work, train_options, draft_vocab_size,
                          _eos_ids(model, tokenizer), head_intermediate_size)
