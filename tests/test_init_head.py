@@ -70,8 +70,10 @@ def test_a_head_for_another_target_is_refused(tiny_model_dir, chats, tmp_path):
     other = write_random_head(tmp_path / "h", aux=(0, 2, 5), draft_vocab=64)
     with pytest.raises((InputError, CheckpointError), match="layers"):
         convert_model(tiny_model_dir, tmp_path / "x", steps=1, data=[chats], seq_len=48, progress=False,
-                      validate=False, calibrate_kv=False, init_head=other)
+                      validate=False, calibrate_kv=False, init_head=other, work_dir=tmp_path / "work")
     assert not (tmp_path / "x").exists()
+    # refused as soon as the target is loaded: no dataset, no feature cache made first
+    assert not (tmp_path / "work" / "dataset.json").exists() and not (tmp_path / "work" / "cache").exists()
 
 
 def test_a_missing_dir_is_a_clear_error(tmp_path):

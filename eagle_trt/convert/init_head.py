@@ -7,7 +7,8 @@ target: the same hidden size and aux layers. Its draft vocabulary (size and `d2t
 
     init = open_init_head("heads/qwen2.5-coder-0.5b-instruct", trains=True, brings_own=False)   # fails fast
     vocab, width = init.fill(draft_vocab_size, head_intermediate_size)
-    ...                                                                 # target loaded, head attached
+    init.check(model, aux_ids)                                          # target loaded: fails before the features
+    ...                                                                 # head attached
     d2t = init.load_into(model)                                         # weights copied; the d2t to train with
 """
 
@@ -47,9 +48,9 @@ class InitHead:
         return (draft_vocab_size if draft_vocab_size is not None else self.draft_vocab_size,
                 intermediate_size if intermediate_size is not None else self.intermediate_size)
 
-    def load_into(self, model) -> torch.Tensor | None:
-        """Copy the head's weights into the attached `model.eagle_module` (every tensor present, every shape equal)
-        and return its d2t (None at full vocab), which replaces the one convert would pick from the data."""
+    def check(self, model, aux_ids: list[int]):
+        """The head read and checked against the loaded target (its hidden size, fc width, layout and the aux layers
+        `aux_ids` the head trained here reads): right after the target loads, before the data and features."""
         from eagle_trt.interop.import_head import load_head
 
         target = model.config.to_dict()
@@ -57,10 +58,16 @@ class InitHead:
         if fmt_name != "modelopt" or not head.hidden_prenorm:
             raise InputError(f"--init-head {self.path} is a {fmt_name} head; training continues only from eagle-trt's "
                              "own layout (a head `convert` trained, or its heads/ copy)")
-        ids = list(model.eagle_config.eagle_aux_hidden_state_layer_ids)
-        if head.aux_ids != ids:
+        if head.aux_ids != list(aux_ids):
             raise InputError(f"--init-head {self.path} reads the target's layers {head.aux_ids}; the head trained here "
-                             f"reads {ids}: give a head made for this model")
+                             f"reads {list(aux_ids)}: give a head made for this model")
+        return head
+
+    def load_into(self, model) -> torch.Tensor | None:
+        """Copy the head's weights into the attached `model.eagle_module` (every tensor present, every shape equal)
+        and return its d2t (None at full vocab), which replaces the one convert would pick from the data."""
+        head = self.check(model, model.eagle_config.eagle_aux_hidden_state_layer_ids)
+        target = model.config.to_dict()
         own = model.eagle_module.state_dict()
         tensors = dict(head.tensors)
         d2t = tensors.pop("d2t", None)

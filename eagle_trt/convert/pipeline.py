@@ -43,7 +43,7 @@ from eagle_trt.interop.import_head import import_head
 from eagle_trt.safetensors_stream import parse_size
 from eagle_trt.staging import check_apart
 
-from .attach import import_modelopt
+from .attach import default_aux_layer_ids, import_modelopt
 from .calibrate import calibrate_kv_scales, fp8_agreement, load_models
 from .data import check_specs
 from .device import resolve_device, resolve_precision
@@ -203,6 +203,8 @@ def convert_model(
     stages = Stages(progress)
 
     model, tokenizer, info = _load(model_path, stages, draft_vocab_size)
+    if init is not None:
+        init.check(model, default_aux_layer_ids(model.config.num_hidden_layers))
     train_options = None if not train else dict(
         cfg=cfg, data=data, run_on=run_on, seq_len=seq_len, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
         ttt_steps=ttt_steps, seed=seed, regenerate=regenerate, max_new_tokens=max_new_tokens, val_prompts=val_prompts,
