@@ -28,8 +28,8 @@ def head(tmp_path_factory):
 
 
 def test_weights_and_d2t_are_loaded_exactly(tiny_model_dir, head):
-    init = open_init_head(head, trains=True, brings_own=False)
-    assert init.fill(None, None) == (64, json.loads((head / "config.json").read_text())["intermediate_size"])
+    init, vocab, width = open_init_head(head, trains=True, brings_own=False)
+    assert (vocab, width) == (64, json.loads((head / "config.json").read_text())["intermediate_size"])
     model, _, _ = load_target(tiny_model_dir)
     model = attach_eagle3(model, 64)
     d2t = init.load_into(model)

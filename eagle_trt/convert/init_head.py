@@ -5,8 +5,8 @@ must be eagle-trt's own layout (a `heads/` dir, q8_0 rows or not, or a checkpoin
 target: the same hidden size and aux layers. Its draft vocabulary (size and `d2t`) and MLP width are kept, so
 `--draft-vocab-size` / `--head-intermediate-size` may be left out, and must match where given.
 
-    init = open_init_head("heads/qwen2.5-coder-0.5b-instruct", trains=True, brings_own=False)   # fails fast
-    vocab, width = init.fill(draft_vocab_size, head_intermediate_size)
+    init, vocab, width = open_init_head("heads/qwen2.5-coder-0.5b-instruct", trains=True, brings_own=False,
+                                        draft_vocab_size=None, intermediate_size=None)   # fails fast; the head's own
     init.check(model, aux_ids)                                          # target loaded: fails before the features
     ...                                                                 # head attached
     d2t = init.load_into(model)                                         # weights copied; the d2t to train with
@@ -87,11 +87,13 @@ class InitHead:
         return None if d2t is None or self.draft_vocab_size in (None, target.get("vocab_size")) else d2t
 
 
-def open_init_head(path: str | Path | None, trains: bool, brings_own: bool) -> InitHead | None:
-    """The --init-head dir's config (None without one), checked before anything slow runs. `trains`: convert
-    trains a head; `brings_own`: --head or --draft-model supply the draft instead."""
+def open_init_head(path: str | Path | None, trains: bool, brings_own: bool, draft_vocab_size: int | None = None,
+                   intermediate_size: int | None = None) -> tuple[InitHead | None, int | None, int | None]:
+    """(the --init-head dir or None, the draft vocab size, the head width): the head's config checked before anything
+    slow runs, and convert's two size options filled in from it (`InitHead.fill`); as given without one. `trains`:
+    convert trains a head; `brings_own`: --head or --draft-model supply the draft instead."""
     if path is None:
-        return None
+        return None, draft_vocab_size, intermediate_size
     if brings_own or not trains:
         raise InputError("--init-head is where training starts: add --steps N or --epochs N with --data (and no "
                          "--head or --draft-model)")
@@ -105,4 +107,5 @@ def open_init_head(path: str | Path | None, trains: bool, brings_own: bool) -> I
         raise InputError(f"--init-head {path / CONFIG} cannot be read ({e}); give a head dir") from None
     if not isinstance(config, dict):
         raise InputError(f"--init-head {path / CONFIG} is not a JSON object; give a head dir")
-    return InitHead(path, config)
+    init = InitHead(path, config)
+    return (init, *init.fill(draft_vocab_size, intermediate_size))

@@ -179,10 +179,9 @@ def convert_model(
     (`draft_model.py`). `regenerate_endpoint`: --regenerate asks these OpenAI-compatible servers
     (`regen_endpoint.py`), checked before the target loads. `init_head`: training starts from that head
     (`init_head.py`), whose draft vocabulary and width are kept."""
-    init = open_init_head(init_head, trains=steps > 0 or epochs is not None,
-                          brings_own=head is not None or draft_model is not None)
-    if init is not None:
-        draft_vocab_size, head_intermediate_size = init.fill(draft_vocab_size, head_intermediate_size)
+    init, draft_vocab_size, head_intermediate_size = open_init_head(
+        init_head, steps > 0 or epochs is not None, head is not None or draft_model is not None, draft_vocab_size,
+        head_intermediate_size)
     _check_flag_combinations(regenerate_endpoint is not None, regenerate, steps > 0 or epochs is not None,
                              head_intermediate_size, head, draft_model, features_from)
     if draft_model is not None:
@@ -202,9 +201,7 @@ def convert_model(
     progress = progress and world.is_main
     stages = Stages(progress)
 
-    model, tokenizer, info = _load(model_path, stages, draft_vocab_size)
-    if init is not None:
-        init.check(model, default_aux_layer_ids(model.config.num_hidden_layers))
+    model, tokenizer, info = _load(model_path, stages, draft_vocab_size, init)
     train_options = None if not train else dict(
         cfg=cfg, data=data, run_on=run_on, seq_len=seq_len, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
         ttt_steps=ttt_steps, seed=seed, regenerate=regenerate, max_new_tokens=max_new_tokens, val_prompts=val_prompts,
@@ -226,11 +223,13 @@ def convert_model(
     return _result(out, manifest, report, stages)
 
 
-def _load(model_path, stages: Stages, draft_vocab_size: int | None):
-    """The target (model, tokenizer, info), and --draft-vocab-size checked against its vocabulary before the data,
-    the features or the work dir are touched."""
+def _load(model_path, stages: Stages, draft_vocab_size: int | None, init=None):
+    """The target (model, tokenizer, info), and --draft-vocab-size (and an --init-head `init`) checked against it
+    before the data, the features or the work dir are touched."""
     with stages.stage("load", f"Loading {model_path}"):
         model, tokenizer, info = load_target(model_path)
+    if init is not None:
+        init.check(model, default_aux_layer_ids(model.config.num_hidden_layers))
     vocab = model.config.vocab_size
     if draft_vocab_size is not None and draft_vocab_size > vocab:
         raise InputError(f"--draft-vocab-size {draft_vocab_size} exceeds the target's vocabulary ({vocab}); give at "
