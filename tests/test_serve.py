@@ -135,7 +135,12 @@ def test_a_client_that_leaves_mid_stream_frees_the_engine(server):
     t = time.monotonic()
     r = server.client().completions.create(model="tiny", prompt="x", max_tokens=2)
     assert r.choices[0].finish_reason in ("stop", "length") and time.monotonic() - t < TIMEOUT
+    # The answer reaches the client before its slot is released: poll the gauge (bounded) rather than read it once.
+    deadline = time.monotonic() + TIMEOUT
     metrics = server.get("/metrics")
+    while "eagle_trt:num_requests_running 0.0" not in metrics and time.monotonic() < deadline:
+        time.sleep(0.05)
+        metrics = server.get("/metrics")
     assert "eagle_trt:spec_decode_num_accepted_tokens_total" in metrics and "eagle_trt:num_requests_running 0.0" in metrics
 
 
