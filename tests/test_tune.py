@@ -45,16 +45,20 @@ def test_tune_stores_verified_defaults_that_session_and_bench_use(engine, tmp_pa
     assert any(r["lookup_tokens"] == 0 for r in finals)
     assert {"4x1+0", "8x2+0", "12x4+0"} <= set(res["measured"]["lookup_ms"])  # no datastore: no "+1"
     assert not any(k.endswith("+1") for k in res["measured"]["lookup_ms"])
-    assert all(r["lookup_rows"] == 0 for r in res["ranked"] if r["lookup_tokens"] == 0)
+    assert all(r["verify_rows"] == r["total_tokens"] + 1 for r in res["ranked"]
+               if r["lookup_tokens"] == 0 and r["confidence_threshold"] == 0)
+    # Every tree was also scored with each default confidence threshold, charged only the rows it keeps.
+    assert {r["confidence_threshold"] for r in res["ranked"]} == {0.0, 0.1, 0.2, 0.3, 0.4, 0.5}
+    assert all(r["verify_rows"] <= r["total_tokens"] + 1 for r in res["ranked"] if r["lookup_tokens"] == 0)
     assert all(set(f["measured_by_variant"]) == {"fallback2", "fallback0"} for f in finals)
     assert all(f["fallback_after"] in (2, 0) for f in finals)
     assert all(abs(f["measured_tokens_per_second"] - max(f["measured_by_variant"].values())) < 1e-3 for f in finals)
     stored = json.loads((engine / "tuned.json").read_text())
     assert stored["measured_tokens_per_second"] == round(best["measured_tokens_per_second"], 3)
     assert (stored["fallback_after"], stored["lookup_tokens"], stored["lookup_branches"],
-            stored["datastore_branches"], stored["max_verify_rows"]) == (
+            stored["datastore_branches"], stored["max_verify_rows"], stored["confidence_threshold"]) == (
         best["fallback_after"], best["lookup_tokens"], best["lookup_branches"], best["datastore_branches"],
-        best["max_verify_rows"])
+        best["max_verify_rows"], best["confidence_threshold"])
     # Row caps were scored where they cut copies (default --max-verify-rows 0,16,24,32), never on lookup off.
     assert {16, 24, 32} <= {r["max_verify_rows"] for r in res["ranked"]}
     assert all(r["max_verify_rows"] == 0 for r in res["ranked"] if r["lookup_tokens"] == 0)
@@ -67,9 +71,9 @@ def test_tune_stores_verified_defaults_that_session_and_bench_use(engine, tmp_pa
     session = Session.open(engine)
     opts = session.decode_config()
     assert (opts.beam_width, opts.draft_length, opts.total_tokens, opts.fallback_after, opts.lookup_tokens,
-            opts.lookup_branches, opts.max_verify_rows) == (
+            opts.lookup_branches, opts.max_verify_rows, opts.confidence_threshold) == (
         best["beam_width"], best["draft_length"], best["total_tokens"], best["fallback_after"], best["lookup_tokens"],
-        best["lookup_branches"], best["max_verify_rows"])
+        best["lookup_branches"], best["max_verify_rows"], best["confidence_threshold"])
     assert session.decode_config(fallback_after=5).fallback_after == 5
     assert session.decode_config(tuned=False).total_tokens == 32
     assert session.decode_config(total_tokens=40).total_tokens == 40  # explicit options still win

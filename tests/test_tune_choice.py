@@ -70,13 +70,13 @@ def test_choose_charges_lookup_copies_their_verify_rows():
     draft, extend = {(2, 1): 1.0}, {1: 0.1, 4: 0.2}
     head, copies = Setting(2, 1, 2), Setting(2, 1, 2, 8, 2, 0)
     taus = {head: 1.5, copies: 2.0}
-    rows, ms = {copies: 12.0}, {(8, 2, 0): 0.5}
+    rows, ms = {copies: 2 + 12.0}, {(8, 2, 0): 0.5}  # the head's 2 rows and 12 copied ones
     flat = choose(taus, {1: 10.0, 64: 10.5}, draft, extend, rows, ms)
-    assert flat[0]["lookup_tokens"] == 8 and flat[0]["lookup_rows"] == 12.0 and flat[0]["lookup_ms"] == 0.5
+    assert flat[0]["lookup_tokens"] == 8 and flat[0]["verify_rows"] == 15.0 and flat[0]["lookup_ms"] == 0.5
     assert flat[0]["predicted_tokens_per_second"] == pytest.approx(
         predict_tps(2.0, 1.0, 0.1 + 0.1 * 1.0 / 3, 10.0 + 0.5 * 14 / 63, 0.5))
     steep = choose(taus, {1: 10.0, 2: 20.0, 64: 640.0}, draft, extend, rows, ms)
-    assert steep[0]["lookup_tokens"] == 0 and steep[0]["lookup_rows"] == 0
+    assert steep[0]["lookup_tokens"] == 0 and steep[0]["verify_rows"] == 3  # the head's tree alone, root included
 
 
 def test_choose_charges_each_step_at_its_own_verify_size():
@@ -89,14 +89,45 @@ def test_choose_charges_each_step_at_its_own_verify_size():
     free, capped = Setting(2, 1, 2, 8, 4, 0), Setting(2, 1, 2, 8, 4, 0, 32)
     assert capped.copy_budget == 29 and row_caps(free.tree, free.lookup, [3, 4, 32, 35]) == [0, 4, 32]
     taus = {free: 3.0, capped: 2.9}
-    spread = {free: {4: 0.75, 32: 0.25}, capped: {4: 0.75, 29: 0.25}}
+    # Rows besides the root: the head's 2 and the copies' 4 or 32 (29 under the cap).
+    spread = {free: {6: 0.75, 34: 0.25}, capped: {6: 0.75, 31: 0.25}}
     ranked = choose(taus, cliff, draft, extend, spread)
     assert ranked[0]["max_verify_rows"] == 32
     by = {r["max_verify_rows"]: r for r in ranked}
-    assert by[0]["verify_ms"] == pytest.approx(0.75 * 10 + 0.25 * 20) and by[0]["lookup_rows"] == pytest.approx(11)
+    assert by[0]["verify_ms"] == pytest.approx(0.75 * 10 + 0.25 * 20) and by[0]["verify_rows"] == pytest.approx(14)
     assert by[32]["verify_ms"] == pytest.approx(10.0)
-    # Charged at the mean size (11 rows) instead, the uncapped copies would have looked better.
-    assert choose(taus, cliff, draft, extend, {free: 11.0, capped: 10.25})[0]["max_verify_rows"] == 0
+    # Charged at the mean size (14 rows) instead, the uncapped copies would have looked better.
+    assert choose(taus, cliff, draft, extend, {free: 13.0, capped: 12.25})[0]["max_verify_rows"] == 0
+
+
+def test_a_confidence_threshold_is_charged_the_rows_it_keeps():
+    """Where each verify row costs (compute-bound), a threshold that verifies the head's tree only where it is
+    sure wins over the whole tree even at a lower tau; where rows are free the whole tree's tau wins."""
+    draft, extend = {(2, 2): 1.0}, {1: 0.0, 3: 0.0}
+    whole, sure = Setting(2, 2, 2), Setting(2, 2, 2, confidence_threshold=0.3)
+    assert sure.tree == sure and sure.plus((8, 1, 0), 16).confidence_threshold == 0.3
+    taus = {whole: 1.6, sure: 1.5}
+    rows = {sure: {0: 0.5, 1: 0.25, 2: 0.25}}  # half the steps verify the root alone; `whole` always 2 rows
+    steep = {1: 20.0, 2: 26.0, 3: 32.0}
+    ranked = choose(taus, steep, draft, extend, rows)
+    assert ranked[0]["confidence_threshold"] == 0.3
+    assert ranked[0]["verify_ms"] == pytest.approx(0.5 * 20 + 0.25 * 26 + 0.25 * 32)
+    assert ranked[0]["verify_rows"] == pytest.approx(1.75) and ranked[1]["verify_rows"] == 3
+    flat = {1: 20.0, 3: 20.0}
+    assert choose(taus, flat, draft, extend, rows)[0]["confidence_threshold"] == 0.0
+
+
+def test_thresholds_cross_every_tree_and_skip_row_caps():
+    from eagle_trt.bench.tune_choice import row_caps, run_name
+
+    s = candidate_settings([1, 2], max_depth=2, room=8, thresholds=(0.0, 0.25))
+    plain = {x for x in s if x.confidence_threshold == 0.0}
+    assert {Setting(x.beam_width, x.draft_length, x.total_tokens, confidence_threshold=0.25) for x in plain} == \
+        set(s) - plain
+    sure = Setting(2, 1, 2, confidence_threshold=0.25)
+    assert row_caps(sure, (8, 2, 0), [4, 6]) == [0] and row_caps(sure.tree.plus(LOOKUP_OFF), (8, 2, 0), [6]) == [0]
+    assert row_caps(Setting(2, 1, 2), (8, 2, 0), [4, 6]) == [0, 4, 6]
+    assert run_name(sure, 2) == "2x1x2/p0.25/fallback2" and run_name(Setting(2, 1, 2), 0) == "2x1x2/fallback0"
 
 
 def test_a_fixed_step_cost_favours_settings_that_commit_more_per_step():

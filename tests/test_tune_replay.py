@@ -17,11 +17,17 @@ def test_accepted_lengths_replays_greedy_verification():
     depths = torch.tensor([1, 1, 2, 2, 2])
     scores = torch.tensor([-0.1, -1.0, -0.5, -0.2, -1.5])
     cont = [10, 13, 99]
-    out = accepted_lengths(scores, parents, depths, tokens, cont, [(1, 1), (2, 1), (2, 2), (2, 4), (2, 5)])
+    trees = [(1, 1, 0.0), (2, 1, 0.0), (2, 2, 0.0), (2, 4, 0.0), (2, 5, 0.0)]
+    out = accepted_lengths(scores, parents, depths, tokens, cont, trees)
     # N=1 keeps A only; N=2 keeps A, D (score -0.2 beats B's -1.0): A->D matches both steps.
-    assert out == {(1, 1): 1, (2, 1): 1, (2, 2): 2, (2, 4): 2, (2, 5): 2}
-    miss = accepted_lengths(scores, parents, depths, tokens, [11, 14], [(2, 2), (2, 5)])
-    assert miss == {(2, 2): 0, (2, 5): 2}  # B is only kept in the larger tree
+    assert out == {(1, 1, 0.0): (1, 1), (2, 1, 0.0): (1, 1), (2, 2, 0.0): (2, 2), (2, 4, 0.0): (2, 4),
+                   (2, 5, 0.0): (2, 5)}
+    miss = accepted_lengths(scores, parents, depths, tokens, [11, 14], [(2, 2, 0.0), (2, 5, 0.0)])
+    assert miss == {(2, 2, 0.0): (0, 2), (2, 5, 0.0): (2, 5)}  # B is only kept in the larger tree
+    # A threshold keeps only the candidates at least that likely: p 0.5 keeps A (0.90), D (0.82), C (0.61);
+    # p 0.95 none, so the step verifies the root alone and accepts nothing.
+    sure = accepted_lengths(scores, parents, depths, tokens, cont, [(2, 5, 0.5), (2, 5, 0.95), (1, 5, 0.5)])
+    assert sure == {(2, 5, 0.5): (2, 3), (2, 5, 0.95): (0, 0), (1, 5, 0.5): (1, 1)}
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +72,14 @@ def test_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
     ar = session.runner.generate(ids, session.decode_config(mode="ar", max_new_tokens=24, tuned=False)).token_ids
     drafter = session.runner.drafter
     monkeypatch.setattr(drafter, "grow_candidates", _oracle_candidates(drafter, ids + ar))
-    seen = set()
-    for st in (Setting(4, 3, 8), Setting(2, 4, 5), Setting(1, 2, 2)):
+    seen, sizes = set(), {}
+    # The oracle's right path scores -0.1 a level (p 0.90, 0.82, 0.74, 0.67), each wrong sibling 1 below it
+    # (p 0.33, 0.30, ...): p 0.8 keeps the right path's first two levels, p 0.5 its four.
+    for st in (Setting(4, 3, 8), Setting(2, 4, 5), Setting(1, 2, 2), Setting(4, 3, 8, confidence_threshold=0.8),
+               Setting(2, 4, 5, confidence_threshold=0.5)):
         opts = session.decode_config(tree="dynamic", beam_width=st.beam_width, draft_length=st.draft_length,
-                                      total_tokens=st.total_tokens, max_new_tokens=24, fallback_after=0,
-                                      lookup_tokens=0, tuned=False)
+                                      total_tokens=st.total_tokens, confidence_threshold=st.confidence_threshold,
+                                      max_new_tokens=24, fallback_after=0, lookup_tokens=0, tuned=False)
         res = session.runner.generate(ids, opts)
         assert res.token_ids == ar
         roots, n = [], len(ids)
@@ -82,9 +91,15 @@ def test_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
         accepted = [res.metrics.steps[i].accepted for i in keep]
         # (a step that reaches the end of the output commits only what is left: its bonus token is not emitted)
         end = len(ids) + len(ar) - 2
-        assert [min(per_root[roots[i]][st], end - roots[i]) for i in keep] == accepted
+        assert [min(per_root[roots[i]][st][0], end - roots[i]) for i in keep] == accepted
+        # The rows each step verified besides the root: the whole tree, or what the threshold kept of it.
+        assert [per_root[roots[i]][st][1] for i in keep] == [res.metrics.steps[i].tree_size for i in keep]
         seen.update(accepted)
+        sizes[st] = {res.metrics.steps[i].tree_size for i in keep}
     assert len(seen) >= 3  # zero, partial and deep acceptance were all compared
+    # The oracle offers 2 candidates a level: 6 in all at depth 3, cut to 2 by p 0.8; 5 of 8 at depth 4, cut to 4.
+    assert sizes[Setting(4, 3, 8)] == {6} and sizes[Setting(4, 3, 8, confidence_threshold=0.8)] == {2}
+    assert sizes[Setting(2, 4, 5)] == {5} and sizes[Setting(2, 4, 5, confidence_threshold=0.5)] == {4}
 
 
 def test_lookup_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
@@ -147,6 +162,8 @@ def test_lookup_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
         assert taus[setting] == pytest.approx(res.metrics.acceptance_length)
         spread = rows[setting]
         assert sum(spread.values()) == pytest.approx(1.0)
-        assert sum(r * p for r, p in spread.items()) == pytest.approx(sum(st.lookup_size for st in steps) / len(steps))
+        # Rows besides the root: the head's one node and the copies.
+        assert sum(r * p for r, p in spread.items()) == pytest.approx(sum(st.tree_size for st in steps) / len(steps))
+        assert all(st.tree_size == 1 + st.lookup_size for st in steps)
     assert len(seen) >= 3  # misses, partial and long copies were all compared
     assert discarded  # some final step verified tokens past max_new_tokens, and they were not counted

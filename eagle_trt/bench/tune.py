@@ -2,7 +2,7 @@
 
 Expected tokens/s of a setting (beam width k, depth d, total tokens N, lookup L) is
 
-    tau / (draft(k, d) + extend(tau) + lookup(L) + mean over steps of verify(N + 1 + rows) + other)
+    tau / (draft(k, d) + extend(tau) + lookup(L) + mean over steps of verify(1 + rows) + other)
 
 where verify(T) is the measured target forward over T tokens (the verify-cost curve), draft(k, d) the
 measured time to grow a tree, extend(n) the measured time to feed n accepted tokens back to the head,
@@ -14,13 +14,20 @@ d, so it is a sub-tree of the deeper one). Each setting's steps then follow the 
 (`walk`: a step at position r that accepts a tokens puts the next root at r + a + 1), so tau is the
 runtime's tokens per step on those prompts, not an average over positions.
 
+A setting may also carry a confidence threshold c: the runtime then verifies only the tree's candidates whose
+cumulative draft probability is at least c, so a step where the head is unsure verifies few rows or just the
+root (a plain step). The replay keeps, at every root, the candidates the runtime would, so each step's rows
+are its own; where a verify row is dear (a 4-bit model on a CPU without AMX: integer products compute-bound
+past one or two rows) a threshold buys back the rows the head would likely lose.
+
 Prompt lookup is part of a setting: (lookup_tokens, lookup_branches, datastore_branches) copies from the
 context and the datastore are grafted onto the tree at runtime, so the replay also computes, at every
 root, the copies each lookup setting would graft there (`lookup_replay`, the runtime's own
 `copied_chains`, cut by `within_rows` where the setting caps the verify rows): how many tokens the best
 copy gets accepted and how many verify rows the copies add. A step accepts the longest of the head's path
-and the copies', and verifies N + 1 + those rows; its cost is read off the curve at that size, step by
-step, since the curve has jumps (bf16's 32-row chunks) that a cost at the mean size would hide.
+and the copies', and verifies the root, the head's kept tree and those rows; its cost is read off the curve
+at that size, step by step, since the curve has jumps (bf16's 32-row chunks) that a cost at the mean size
+would hide.
 
 `other` is the per-step work the terms leave out (tree bookkeeping, mask building, KV compaction, token
 emission), measured once as the gap between one real decode's time per step and the model's prediction
@@ -69,8 +76,9 @@ from eagle_trt.speculative.lookup import NgramIndex, copied_chains
 
 def measure_costs(session, state: dict, settings: list[Setting], reps: int = 3,
                   grid: list[tuple[int, int, int]] = (), max_rows: float = 0.0) -> dict:
-    """draft ms per (k, d), extend ms per accepted count, verify ms per tree size (up to the largest tree plus
-    `max_rows` copied rows), and ms to find and graft the copies of each lookup setting of `grid` (all medians)."""
+    """draft ms per (k, d), extend ms per accepted count, verify ms per tree size (up to the root and the largest
+    tree, or `max_rows` rows besides the root where a step verifies more: copies), and ms to find and graft the
+    copies of each lookup setting of `grid` (all medians)."""
     runner = session.runner
     drafter = runner.drafter
     seq, aux, n = state["seq"], state["aux"], state["root"]
@@ -107,7 +115,7 @@ def measure_costs(session, state: dict, settings: list[Setting], reps: int = 3,
         for lk in copies:
             lookup[lk] = median_seconds(lambda: grafted(tree, *copied_chains(index, store, *lk)), reps) * 1e3
     at_root()
-    max_tree = max(s.total_tokens for s in settings) + 1 + math.ceil(max_rows)
+    max_tree = 1 + max(max(s.total_tokens for s in settings), math.ceil(max_rows))
     context = n
     verify = {t: s * 1e3 for t, s in forward_curve(runner.target, default_sizes(max_tree), context, reps,
                                                                     runner.aux_layers).items()}
@@ -125,8 +133,8 @@ def measure_step_overhead(session, state: dict, costs: dict, tree: Setting, max_
     runner = session.runner
     prompt = state["seq"][: state["prompt_len"]]
     opts = session.decode_config(tree="dynamic", beam_width=tree.beam_width, draft_length=tree.draft_length,
-                                  total_tokens=tree.total_tokens, lookup_tokens=0, fallback_after=0,
-                                  max_new_tokens=max_new_tokens, tuned=False)
+                                  total_tokens=tree.total_tokens, confidence_threshold=tree.confidence_threshold,
+                                  lookup_tokens=0, fallback_after=0, max_new_tokens=max_new_tokens, tuned=False)
     draft = costs["draft_ms"][(tree.beam_width, tree.draft_length)]
     gaps = []
     for _ in range(reps):
@@ -152,8 +160,9 @@ def measure_end_to_end(session, encoded: list[list[int]], max_new_tokens: int, s
     methods = [OursMethod("ar", session.runner, session.decode_config(mode="ar", tuned=False))]
     methods += [OursMethod(name, session.runner, session.decode_config(
         tree="dynamic", beam_width=s.beam_width, draft_length=s.draft_length, total_tokens=s.total_tokens,
-        fallback_after=f, lookup_tokens=s.lookup_tokens, lookup_branches=s.lookup_branches,
-        datastore_branches=s.datastore_branches, max_verify_rows=s.max_verify_rows, tuned=False))
+        confidence_threshold=s.confidence_threshold, fallback_after=f, lookup_tokens=s.lookup_tokens,
+        lookup_branches=s.lookup_branches, datastore_branches=s.datastore_branches, max_verify_rows=s.max_verify_rows,
+        tuned=False))
         for name, (s, f) in runs.items()]
     prompts = [(Prompt(id=f"calibration-{i}", category="calibration"), ids) for i, ids in enumerate(encoded)]
     res = run_bench(methods, prompts, max_new_tokens, repeats, warmup=False,
@@ -180,13 +189,15 @@ def tune_engine(session, encoded: list[list[int]], max_new_tokens: int = 64, pos
                 max_depth: int = 8, beams: list[int] | None = None, reps: int = 3,
                 progress: Callable[[str], None] | None = None, validate: int = 3, validate_repeats: int = 2,
                 lookup_tokens: list[int] = (), lookup_branches: list[int] = (1,),
-                datastore_branches: list[int] = (0,), max_verify_rows: list[int] = (0,)) -> dict:
+                datastore_branches: list[int] = (0,), max_verify_rows: list[int] = (0,),
+                confidence_thresholds: list[float] = (0.0,)) -> dict:
     """Measure everything and rank the settings; returns {"best", "default", "ranked", "measured", ...}.
 
     Settings are head trees (beam width, depth, total tokens) crossed with the lookup settings of
     `lookup_grid(lookup_tokens, lookup_branches, datastore_branches)` (datastore branches only where the
     engine has a datastore; lookup off always), and each setting with lookup also with each cap of
-    `max_verify_rows` on its verify rows where the cap cuts its copies (0 = no cap, always scored). With
+    `max_verify_rows` on its verify rows where the cap cuts its copies (0 = no cap, always scored); each head
+    tree is scored with each of `confidence_thresholds` (its candidates less sure than that are not verified). With
     validate > 0 the `validate` best-predicted settings, the best-predicted one without lookup and the build
     default are run end to end (`measure_end_to_end`), each with the plain-decoding fallback on and off, and
     "best" is the fastest of them as measured; every ranked row of a finalist gains
@@ -196,12 +207,14 @@ def tune_engine(session, encoded: list[list[int]], max_new_tokens: int = 64, pos
     has_store = getattr(session.runner, "datastore", None) is not None
     # All-zero lookup_tokens: lookup off only; else the engine's own lookup setting is scored too.
     own = engine_lookup(cfg, has_store) if any(t > 0 for t in lookup_tokens) else LOOKUP_OFF
-    default = Setting(cfg.beam_width, cfg.draft_length, cfg.total_tokens)
+    default = Setting(cfg.beam_width, cfg.draft_length, cfg.total_tokens,
+                      confidence_threshold=cfg.confidence_threshold)
     own_cap = cfg.max_verify_rows if cfg.max_verify_rows in row_caps(default, own, [cfg.max_verify_rows]) else 0
     default = default.plus(own, own_cap)
     beams = sorted({b for b in (beams or [1, 2, 4, 8]) if 1 <= b <= cfg.beam_width} | {cfg.beam_width})
     max_depth = min(max(max_depth, cfg.draft_length), 32)
-    settings = candidate_settings(beams, max_depth, drafted_room(cfg), include=[default.tree])
+    settings = candidate_settings(beams, max_depth, drafted_room(cfg), include=[default.tree],
+                                  thresholds=sorted({0.0, *confidence_thresholds}))
     grid = lookup_grid(list(lookup_tokens), list(lookup_branches), list(datastore_branches) if has_store else [0],
                        copied_room(cfg), include=[own])
     t0 = time.perf_counter()

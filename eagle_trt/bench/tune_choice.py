@@ -25,11 +25,15 @@ class Setting:
     lookup_branches: int = 1  # from the context
     datastore_branches: int = 0  # from the datastore
     max_verify_rows: int = 0  # copies cut to fit this many verify rows, root and head's tree included (0 = no cut)
+    # The head's candidates whose cumulative draft probability is below this are not verified (0 = keep all): a
+    # step then verifies only the rows the head is sure enough of, fewer than total_tokens.
+    confidence_threshold: float = 0.0
 
     @property
     def tree(self) -> "Setting":
         """The head's part alone (lookup off)."""
-        return Setting(self.beam_width, self.draft_length, self.total_tokens)
+        return Setting(self.beam_width, self.draft_length, self.total_tokens,
+                       confidence_threshold=self.confidence_threshold)
 
     @property
     def lookup(self) -> tuple[int, int, int]:
@@ -37,7 +41,7 @@ class Setting:
 
     def plus(self, lookup: tuple[int, int, int], max_verify_rows: int = 0) -> "Setting":
         return Setting(self.beam_width, self.draft_length, self.total_tokens, *lookup,
-                       max_verify_rows if lookup[0] > 0 else 0)
+                       max_verify_rows if lookup[0] > 0 else 0, self.confidence_threshold)
 
     @property
     def copy_budget(self) -> int | None:
@@ -47,7 +51,11 @@ class Setting:
 
 def row_caps(tree: Setting, lookup: tuple[int, int, int], caps: list[int]) -> list[int]:
     """The max_verify_rows values worth scoring for this head tree and lookup setting: 0 (no cut), and each cap
-    that leaves the copies some rows but fewer than they can take (others equal no cut or lookup off)."""
+    that leaves the copies some rows but fewer than they can take (others equal no cut or lookup off). A tree with
+    a confidence threshold is scored uncapped only: the runtime gives the copies what its cut tree leaves of a cap,
+    which the replay, pricing copies against the whole tree, would not reproduce."""
+    if tree.confidence_threshold > 0:
+        return [0]
     most = lookup[0] * (lookup[1] + lookup[2]) if lookup[0] > 0 else 0
     return [0] + sorted({c for c in caps if tree.total_tokens + 1 < c < tree.total_tokens + 1 + most})
 
@@ -71,8 +79,9 @@ def candidate_count(k: int, d: int) -> int:
 
 
 def candidate_settings(beams: list[int], max_depth: int, room: int, totals=TOTALS,
-                       include: list[Setting] = ()) -> list[Setting]:
-    """Every (k, d, N) worth scoring: d <= N <= min(candidates, room), k*d <= room; plus `include`."""
+                       include: list[Setting] = (), thresholds=(0.0,)) -> list[Setting]:
+    """Every (k, d, N) worth scoring: d <= N <= min(candidates, room), k*d <= room, each with every confidence
+    threshold of `thresholds`; plus `include`."""
     out = set(include)
     for k in beams:
         for d in range(1, max_depth + 1):
@@ -81,7 +90,7 @@ def candidate_settings(beams: list[int], max_depth: int, room: int, totals=TOTAL
             top = min(candidate_count(k, d), room)
             for n in {d, *totals}:
                 if d <= n <= top:
-                    out.add(Setting(k, d, n))
+                    out.update(Setting(k, d, n, confidence_threshold=c) for c in thresholds)
     return sorted(out)
 
 
@@ -92,15 +101,16 @@ def predict_tps(tau: float, draft_ms: float, extend_ms: float, verify_ms: float,
 
 
 def choose(taus: dict[Setting, float], verify_ms: dict[int, float], draft_ms: dict[tuple[int, int], float],
-           extend_ms: dict[int, float], lookup_rows: dict[Setting, float | dict[int, float]] | None = None,
+           extend_ms: dict[int, float], rows: dict[Setting, float | dict[int, float]] | None = None,
            lookup_ms: dict[tuple, float] | None = None, step_ms: float = 0.0) -> list[dict]:
     """Rank settings by predicted tokens/s (best first; ties go to the smaller tree, then to less lookup).
 
     taus: measured tau per setting; verify_ms: forward ms per token count (root included);
     draft_ms: tree-growing ms per (beam width, depth); extend_ms: head-update ms per accepted count;
-    lookup_rows: verify rows a setting's copies add per step, either the mean or, better, the share of steps
-    adding each row count ({rows: share}): a step's verify cost is read off the curve at its own size, so
-    a curve with a step in it (bf16's 32-row chunks) is charged where the steps land, not at their mean;
+    rows: the tokens a setting's steps verify besides the root (the head's kept tree and the copies), either
+    the mean or, better, the share of steps verifying each count ({rows: share}): a step's verify cost is read off
+    the curve at its own size, so a curve with a step in it (bf16's 32-row chunks) is charged where the steps
+    land, not at their mean; a setting not listed verifies its whole tree (total_tokens) every step;
     lookup_ms: ms to find and graft the copies of a lookup setting (both 0 with lookup off); step_ms: the rest of
     a step, the same for every setting (bookkeeping the terms above leave out; `tune.measure_step_overhead`).
     A fixed cost per step favours settings that commit more tokens per step."""
@@ -108,20 +118,20 @@ def choose(taus: dict[Setting, float], verify_ms: dict[int, float], draft_ms: di
     for s, tau in taus.items():
         if (s.beam_width, s.draft_length) not in draft_ms:
             continue
-        spread = (lookup_rows or {}).get(s, 0.0) if s.lookup_tokens else 0.0
+        spread = (rows or {}).get(s, float(s.total_tokens))
         if not isinstance(spread, dict):
             spread = {spread: 1.0}
-        rows = sum(r * p for r, p in spread.items())
+        mean = sum(r * p for r, p in spread.items())
         lk = (lookup_ms or {}).get(s.lookup, 0.0) if s.lookup_tokens else 0.0
-        v = sum(p * interpolate(verify_ms, s.total_tokens + 1 + r) for r, p in spread.items())
+        v = sum(p * interpolate(verify_ms, 1 + r) for r, p in spread.items())
         e = interpolate(extend_ms, tau)
         d = draft_ms[(s.beam_width, s.draft_length)]
-        ranked.append({**asdict(s), "tau": tau, "draft_ms": d, "extend_ms": e, "verify_ms": v, "lookup_rows": rows,
+        ranked.append({**asdict(s), "tau": tau, "draft_ms": d, "extend_ms": e, "verify_ms": v, "verify_rows": 1 + mean,
                        "lookup_ms": lk, "step_ms": step_ms,
                        "predicted_tokens_per_second": predict_tps(tau, d, e, v, lk, step_ms)})
     ranked.sort(key=lambda r: (-r["predicted_tokens_per_second"], r["total_tokens"], r["beam_width"],
                                r["draft_length"], r["lookup_tokens"], r["lookup_branches"], r["datastore_branches"],
-                               -r["max_verify_rows"]))
+                               -r["max_verify_rows"], r["confidence_threshold"]))
     return ranked
 
 
@@ -170,4 +180,5 @@ def finalists(ranked: list[dict], default: dict | None, n: int, extra: list[dict
 def run_name(s: Setting, fallback_after: int) -> str:
     lookup = f"+lookup{s.lookup_tokens}x{s.lookup_branches}+{s.datastore_branches}" if s.lookup_tokens else ""
     lookup += f"/rows{s.max_verify_rows}" if s.max_verify_rows else ""
-    return f"{s.beam_width}x{s.draft_length}x{s.total_tokens}{lookup}/fallback{fallback_after}"
+    sure = f"/p{s.confidence_threshold:g}" if s.confidence_threshold else ""
+    return f"{s.beam_width}x{s.draft_length}x{s.total_tokens}{sure}{lookup}/fallback{fallback_after}"

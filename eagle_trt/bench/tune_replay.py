@@ -9,6 +9,7 @@ import torch
 
 from eagle_trt.bench.tune_choice import LOOKUP_OFF, Setting, row_caps, walk
 from eagle_trt.errors import InputError
+from eagle_trt.runtime.tree_drafter import min_score_of
 from eagle_trt.speculative.lookup import NgramIndex, copied_chains, matched, trie_size, within_rows
 from eagle_trt.speculative.tree import select_top_nodes
 
@@ -20,7 +21,9 @@ def _candidates(drafter, k: int, depth: int):
 
 
 def accepted_lengths(scores, parents, depths, tokens, continuation: list[int], settings) -> dict:
-    """Draft tokens greedy verification accepts for each (d, N) in settings, given the true continuation."""
+    """For each (d, N, threshold) in settings, given the true continuation: (draft tokens greedy verification
+    accepts, draft tokens the tree holds) when the runtime keeps the best N candidates up to depth d whose
+    cumulative draft probability is at least the threshold (0 = every one)."""
     n = scores.numel()
     good = torch.zeros(n, dtype=torch.bool)  # the whole root..candidate path matches the continuation
     dep, par, tok = depths.tolist(), parents.tolist(), tokens.tolist()
@@ -28,14 +31,14 @@ def accepted_lengths(scores, parents, depths, tokens, continuation: list[int], s
         if dep[c] <= len(continuation) and tok[c] == continuation[dep[c] - 1]:
             good[c] = par[c] < 0 or bool(good[par[c]])
     upto = {}
-    for d in sorted({d for d, _ in settings}):
+    for d in sorted({d for d, _, _ in settings}):
         upto[d] = sum(1 for x in dep if x <= d)  # levels are created in order: a prefix of the list
     out = {}
-    for d, total in settings:
+    for d, total, threshold in settings:
         m = upto[d]
-        kept, _ = select_top_nodes(scores[:m], parents[:m], depths[:m], total)
+        kept, _ = select_top_nodes(scores[:m], parents[:m], depths[:m], total, min_score_of(threshold))
         hit = kept[good[kept]]
-        out[(d, total)] = int(depths[hit].max()) if hit.numel() else 0
+        out[(d, total, threshold)] = (int(depths[hit].max()) if hit.numel() else 0, int(kept.numel()))
     return out
 
 
@@ -44,12 +47,15 @@ def replay(session, seq: list[int], roots: list[int], settings: list[Setting], e
     """Accepted draft tokens per root position and setting, for the token sequence `seq` whose part after
     the prompt is the target's own greedy output. As in the runtime, a tree at root n is no deeper than the
     end - 1 - n tokens the run may still emit (`end`: prompt + max_new_tokens, capped at the model's positions;
-    default len(seq)). Returns ({root: {Setting: accepted}}, drafter state)."""
+    default len(seq)). Returns ({root: {Setting: (accepted, draft tokens verified)}}, drafter state).
+
+    A threshold cuts the runtime's growth too (branches below it are not expanded), which keeps the same
+    candidates above it as the full growth replayed here: a child never scores above its parent."""
     runner = session.runner
     drafter = runner.drafter
     by_beam: dict[int, set] = {}
     for s in settings:
-        by_beam.setdefault(s.beam_width, set()).add((s.draft_length, s.total_tokens))
+        by_beam.setdefault(s.beam_width, set()).add((s.draft_length, s.total_tokens, s.confidence_threshold))
     length = len(seq)
     end = length if end is None else end
     aux = None
@@ -65,13 +71,13 @@ def replay(session, seq: list[int], roots: list[int], settings: list[Setting], e
         drafter.seek(primed, n)
         res = {}
         room = end - 1 - n
-        for k, pairs in by_beam.items():
-            cut = {(d, total): (min(d, room), total) for d, total in pairs}
-            depth = max(d for d, _ in cut.values())
+        for k, trees in by_beam.items():
+            cut = {(d, total, c): (min(d, room), total, c) for d, total, c in trees}
+            depth = max(d for d, _, _ in cut.values())
             cand = _candidates(drafter, k, depth)
             acc = accepted_lengths(*cand, seq[n + 1: n + 1 + depth], set(cut.values()))
-            for (d, total), key in cut.items():
-                res[Setting(k, d, total)] = acc[key]
+            for (d, total, c), key in cut.items():
+                res[Setting(k, d, total, confidence_threshold=c)] = acc[key]
         out[n] = res
     state = {"seq": seq, "aux": aux, "primed": primed, "root": min(roots)}
     return out, state
@@ -127,8 +133,9 @@ def calibrate(session, encoded: list[list[int]], max_new_tokens: int, positions:
               grid: list[tuple[int, int, int]] = (LOOKUP_OFF,), progress: Callable[[str], None] | None = None,
               caps: list[int] = ()) -> tuple[dict[Setting, float], dict[Setting, dict[int, float]], dict]:
     """Measured tau per head setting x lookup setting (`grid`) x row cap (`caps`, see `row_caps`) by replay over
-    the calibration prompts, the share of steps whose copies add each number of verify rows ({rows: share}),
-    and one drafter state (prefix length, root, sequence) for the timing measurements.
+    the calibration prompts, the share of steps verifying each number of rows besides the root ({rows: share}:
+    the head's tree, fewer than total_tokens where a confidence threshold cuts it, and the copies), and one drafter
+    state (prefix length, root, sequence) for the timing measurements.
 
     positions <= 0: every position is replayed and each setting's steps follow the runtime's own path (`walk`),
     so tau is what decoding those prompts would measure. positions > 0: that many evenly spaced positions per
@@ -160,9 +167,11 @@ def calibrate(session, encoded: list[list[int]], max_new_tokens: int, positions:
         per_root, state = replay(session, seq, roots, settings, end)  # the last prompt's state stays usable
         state["prompt_len"] = len(ids)
         copies = lookup_replay(seq, len(ids), roots, keys, getattr(runner, "datastore", None), end)
-        head = torch.tensor([[per_root[n][s] for s in settings] for n in roots])[:, head_col]
+        head = torch.tensor([[per_root[n][s] for s in settings] for n in roots])[:, head_col]  # [roots, scored, 2]
         copied = torch.tensor([[copies[n][k][0] for k in keys] for n in roots])[:, copy_col]
-        rows = torch.tensor([[copies[n][k][1] for k in keys] for n in roots])[:, copy_col]
+        # The rows a step verifies besides the root: the head's kept tree, then the copies.
+        rows = head[..., 1] + torch.tensor([[copies[n][k][1] for k in keys] for n in roots])[:, copy_col]
+        head = head[..., 0]
         # A step accepts the longer of the head's path and the best copy (both are paths of the one tree).
         accepted = torch.maximum(head, copied)  # [roots, scored settings]
         if positions > 0:

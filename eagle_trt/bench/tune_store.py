@@ -57,6 +57,7 @@ def store_tuned(engine_root: str | Path, best: dict, info: dict | None = None) -
     data["lookup_branches"] = int(best.get("lookup_branches", 1))
     data["datastore_branches"] = int(best.get("datastore_branches", 0))
     data["max_verify_rows"] = int(best.get("max_verify_rows", 0))
+    data["confidence_threshold"] = float(best.get("confidence_threshold", 0.0))
     if "fallback_after" in best:
         data["fallback_after"] = int(best["fallback_after"])
         data["measured_by_variant"] = best["measured_by_variant"]

@@ -51,19 +51,24 @@ def tune(
     max_verify_rows: Annotated[str, typer.Option(
         help="Caps on one verify pass's tokens (root + tree + copies) considered, comma-separated; the copies are "
              "cut to fit. 0 = no cap. A cap pays where the verify cost jumps (bf16 on CPU: at 33 rows).")] = "0,16,24,32",
+    confidence_thresholds: Annotated[str, typer.Option(
+        help="Confidence thresholds considered, comma-separated, besides 0 (verify the whole tree): a step verifies "
+             "only the head's candidates whose draft probability is at least this. Pays where each verify row "
+             "costs (4-bit weights on CPUs without AMX); 0 = consider none.")] = "0.1,0.2,0.3,0.4,0.5",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the choice without storing it.")] = False,
     top: Annotated[int, typer.Option(help="Rows of the ranking to print.")] = 10,
     json_out: JsonOpt = False,
     skip_verify: SkipVerifyOpt = False,
 ) -> None:
-    """Choose total_tokens, draft_length and beam_width for this machine and store them in the engine.
+    """Choose total_tokens, draft_length, beam_width and confidence_threshold for this machine and store them in
+    the engine.
 
     The ranking maximizes tau / (draft + drafter update + lookup + verify) with every term measured here:
     the verify-cost curve (target forward time against tree tokens), the draft cost per beam width and
     depth, and the acceptance on calibration prompts of the drafter's tree (an EAGLE-3 head's or a draft
-    model's) together with the prompt-lookup
-    copies (context and datastore) each lookup setting grafts, and the verify rows those add. The best
-    few predicted settings, the best one without lookup and the build default are then decoded end to
+    model's) together with the prompt-lookup copies (context and datastore) each lookup setting grafts, and
+    the verify rows each step takes (a confidence threshold leaves out the candidates the drafter is unsure
+    of). The best few predicted settings, the best one without lookup and the build default are then decoded end to
     end on the same prompts (--validate), each with the plain-decoding fallback on and off, and the
     fastest measured is stored in ENGINE/tuned.json (listed in manifest.json with its hash);
     `eagle-trt run` and `bench` then use it unless options override it.
@@ -71,13 +76,12 @@ def tune(
     Example: eagle-trt tune --engine engines/smollm2-135m-eagle3
     """
     handle_errors(_tune)(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, threads, validate,
-                         validate_repeats, (lookup_tokens, lookup_branches, datastore_branches, max_verify_rows), dry_run, top,
-                         json_out,
-                         skip_verify)
+                         validate_repeats, (lookup_tokens, lookup_branches, datastore_branches, max_verify_rows),
+                         confidence_thresholds, dry_run, top, json_out, skip_verify)
 
 
 def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, threads, validate, validate_repeats,
-          lookup, dry_run, top, json_out, skip_verify) -> None:
+          lookup, confidence_thresholds, dry_run, top, json_out, skip_verify) -> None:
     import torch
 
     from eagle_trt.bench.prompts import load_prompts
@@ -91,6 +95,7 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
         check_writable(engine)  # before minutes of measuring, not after
     beam_list, (lookup_tokens, lookup_branches, datastore_branches, caps) = _checked_options(
         max_new_tokens, max_depth, limit, validate, validate_repeats, positions, beams, lookup)
+    thresholds = _thresholds(confidence_thresholds)
     apply_threads(threads)
     huge_pages.prefer()  # tune decodes for long, and measures the memory serve and bench decode from
     session = Session.open(engine, verify=not skip_verify)
@@ -108,7 +113,8 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
     result = tune_engine(session, encoded, max_new_tokens, positions, max_depth, beam_list, progress=progress,
                          validate=validate, validate_repeats=validate_repeats,
                          lookup_tokens=lookup_tokens, lookup_branches=lookup_branches,
-                         datastore_branches=datastore_branches, max_verify_rows=caps or [0])
+                         datastore_branches=datastore_branches, max_verify_rows=caps or [0],
+                         confidence_thresholds=thresholds)
     best, default, validation = result["best"], result["default"], result["validation"]
     if validation and validation["mismatches"]:
         # A speculative output differed from plain decoding: never store settings from a broken run.
@@ -164,7 +170,7 @@ def _report(result: dict, top: int, session) -> None:
     best, default, validation = result["best"], result["default"], result["validation"]
     table = Table(title="eagle-trt tune: predicted tokens/s (best first)", title_justify="left")
     table.add_column("", no_wrap=True)
-    for col in ("beam", "depth", "total", "lookup", "rows", "τ", "draft ms", "update ms", "verify ms", "tok/s",
+    for col in ("beam", "depth", "total", "p ≥", "lookup", "rows", "τ", "draft ms", "update ms", "verify ms", "tok/s",
                 "measured τ", "measured tok/s"):
         table.add_column(col, justify="right")
     rows = result["ranked"][:top]
@@ -174,12 +180,13 @@ def _report(result: dict, top: int, session) -> None:
     for r in rows:
         mark = "best" if r is best else ("build default" if r is default else "")
         measured = "measured_tokens_per_second" in r
-        table.add_row(mark, str(r["beam_width"]), str(r["draft_length"]), str(r["total_tokens"]), _lookup_label(r),
-                      f"{r['total_tokens'] + 1 + r['lookup_rows']:.1f}", f"{r['tau']:.2f}",
+        table.add_row(mark, str(r["beam_width"]), str(r["draft_length"]), str(r["total_tokens"]),
+                      f"{r['confidence_threshold']:g}" if r["confidence_threshold"] else "–", _lookup_label(r),
+                      f"{r['verify_rows']:.1f}", f"{r['tau']:.2f}",
                       f"{r['draft_ms']:.1f}", f"{r['extend_ms']:.1f}", f"{r['verify_ms']:.1f}",
                       f"{r['predicted_tokens_per_second']:.1f}", f"{r['measured_tau']:.2f}" if measured else "",
                       f"{r['measured_tokens_per_second']:.1f}" if measured else "")
-    print_wide(table)  # thirteen columns: keep them whole in logs too
+    print_wide(table)  # fourteen columns: keep them whole in logs too
     m = result["measured"]
     console.print(f"measured on {m['positions']} positions of {m['prompts']} prompts, {m['threads']} threads, "
                   f"in {m['seconds']:.0f}s; per-step overhead {m['step_overhead_ms']:.1f} ms (in every prediction); "
@@ -202,20 +209,33 @@ def _report(result: dict, top: int, session) -> None:
 def _best_line(best: dict, default: dict | None, validation: dict | None) -> str:
     if validation:
         line = (f"best: beam_width={best['beam_width']} draft_length={best['draft_length']} "
-                f"total_tokens={best['total_tokens']} fallback_after={best['fallback_after']} "
+                f"total_tokens={best['total_tokens']} confidence_threshold={best['confidence_threshold']:g} "
+                f"fallback_after={best['fallback_after']} "
                 f"lookup_tokens={best['lookup_tokens']} lookup_branches={best['lookup_branches']} "
                 f"datastore_branches={best['datastore_branches']} max_verify_rows={best['max_verify_rows']} "
                 f"({best['measured_tokens_per_second']:.1f} tok/s measured, "
                 f"{best['measured_tokens_per_second'] / validation['ar_tokens_per_second']:.2f}x AR")
         return line + (f"; build default {default['measured_tokens_per_second']:.1f})" if default else ")")
     line = (f"best: beam_width={best['beam_width']} draft_length={best['draft_length']} "
-            f"total_tokens={best['total_tokens']} lookup {_lookup_label(best)} "
+            f"total_tokens={best['total_tokens']} confidence_threshold={best['confidence_threshold']:g} "
+            f"lookup {_lookup_label(best)} "
             f"({best['predicted_tokens_per_second']:.1f} tok/s predicted")
     return line + (f", build default {default['predicted_tokens_per_second']:.1f})" if default else ")")
 
 
 def _better_drafter(session) -> str:
     return "try a larger or closer draft model" if session.draft_kind == "model" else "train the head"
+
+
+def _thresholds(text: str) -> list[float]:
+    """--confidence-thresholds as floats, each in [0, 1) as DecodeConfig.confidence_threshold is."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise InputError(f"--confidence-thresholds must be comma-separated numbers, got {text!r}") from None
+    if any(not 0.0 <= v < 1.0 for v in values):
+        raise InputError(f"--confidence-thresholds must lie in [0, 1), got {text!r}")
+    return values
 
 
 def _int_list(name: str, text: str) -> list[int]:

@@ -64,7 +64,10 @@ class TreeSettings(BaseModel):
     )
     total_tokens: int = Field(32, ge=1, le=512, description="Draft tokens in the tree, root excluded.")
     confidence_threshold: float = Field(
-        0.0, ge=0.0, lt=1.0, description="Drop draft branches whose probability is below this value."
+        0.0, ge=0.0, lt=1.0, description="Verify only the draft candidates whose cumulative draft probability is at "
+        "least this (0 = the whole tree): a step where the drafter is unsure verifies fewer rows, down to a plain "
+        "step. Pays where each verify row costs (4-bit weights on CPUs without AMX); `eagle-trt tune` chooses it. "
+        "Lossless either way."
     )
     static_tree: list[list[Rank]] | None = Field(
         None, description="Tree paths by top-k rank, e.g. [[0], [0, 0], [1]]; only with tree: static."

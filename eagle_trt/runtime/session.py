@@ -164,7 +164,7 @@ def check_prompt_text(prompt: str) -> None:
 
 TUNED_NAME = "tuned.json"
 TUNED_KEYS = ("tree", "draft_length", "beam_width", "total_tokens", "fallback_after", "lookup_tokens",
-              "lookup_branches", "datastore_branches", "max_verify_rows")
+              "lookup_branches", "datastore_branches", "max_verify_rows", "confidence_threshold")
 
 
 def read_tuned(root: str | Path, manifest) -> dict:
