@@ -61,6 +61,11 @@ def test_eagle_equals_ar_equals_hf(session, hf_model, prompt):
     for tree in ("dynamic", "static", "chain"):
         res = session.runner.generate(ids, session.decode_config(max_new_tokens=NEW_TOKENS, tree=tree))
         assert_lossless(session, ids, res.token_ids, ar.token_ids, tree)
+    # A confidence threshold verifies only what the trained head is sure of: trees of every size, the same tokens.
+    sure = session.decode_config(max_new_tokens=NEW_TOKENS, tree="dynamic", confidence_threshold=0.3, lookup_tokens=0)
+    res = session.runner.generate(ids, sure)
+    assert_lossless(session, ids, res.token_ids, ar.token_ids, "dynamic, p >= 0.3")
+    assert min(st.tree_size for st in res.metrics.steps) < sure.total_tokens
 
 
 def test_no_chat_encodes_like_the_tokenizer(session):

@@ -80,7 +80,8 @@ class OursMethod(Method):
         self.speculative = opts.mode == "eagle"
         self.settings = {"mode": opts.mode} if not self.speculative else {
             "tree": opts.tree, "draft_length": opts.draft_length, "beam_width": opts.beam_width,
-            "total_tokens": opts.total_tokens, "fallback_after": opts.fallback_after,
+            "total_tokens": opts.total_tokens, "confidence_threshold": opts.confidence_threshold,
+            "fallback_after": opts.fallback_after,
             "lookup_tokens": opts.lookup_tokens, "lookup_branches": opts.lookup_branches,
             "datastore_branches": opts.datastore_branches
             if opts.lookup_tokens > 0 and getattr(runner, "datastore", None) is not None else 0,

@@ -11,7 +11,6 @@ from eagle_trt.bench.tune_choice import LOOKUP_OFF, Setting, row_caps, walk
 from eagle_trt.errors import InputError
 from eagle_trt.runtime.tree_drafter import min_score_of
 from eagle_trt.speculative.lookup import NgramIndex, copied_chains, matched, trie_size, within_rows
-from eagle_trt.speculative.tree import select_top_nodes
 
 
 def _candidates(drafter, k: int, depth: int):
@@ -23,22 +22,32 @@ def _candidates(drafter, k: int, depth: int):
 def accepted_lengths(scores, parents, depths, tokens, continuation: list[int], settings) -> dict:
     """For each (d, N, threshold) in settings, given the true continuation: (draft tokens greedy verification
     accepts, draft tokens the tree holds) when the runtime keeps the best N candidates up to depth d whose
-    cumulative draft probability is at least the threshold (0 = every one)."""
-    n = scores.numel()
-    good = torch.zeros(n, dtype=torch.bool)  # the whole root..candidate path matches the continuation
-    dep, par, tok = depths.tolist(), parents.tolist(), tokens.tolist()
-    for c in range(n):
+    cumulative draft probability is at least the threshold (0 = every one).
+
+    The runtime's cut (`select_top_nodes`) ranks candidates by (score desc, depth, creation order) and keeps a
+    prefix of that ranking; the ranking of the candidates up to depth d is the full one with the deeper ones left
+    out, and a threshold keeps a prefix of it too (scores descend along it). So one sort serves every setting:
+    each reads the deepest fully matching candidate within its prefix."""
+    sc, par, dep, tok = scores.tolist(), parents.tolist(), depths.tolist(), tokens.tolist()
+    good = [False] * len(sc)  # the whole root..candidate path matches the continuation
+    for c in range(len(sc)):
         if dep[c] <= len(continuation) and tok[c] == continuation[dep[c] - 1]:
-            good[c] = par[c] < 0 or bool(good[par[c]])
-    upto = {}
-    for d in sorted({d for d, _, _ in settings}):
-        upto[d] = sum(1 for x in dep if x <= d)  # levels are created in order: a prefix of the list
-    out = {}
+            good[c] = par[c] < 0 or good[par[c]]
+    order = sorted(range(len(sc)), key=lambda j: (-sc[j], dep[j], j))
+    by_depth: dict[int, list[tuple[int, float]]] = {}
     for d, total, threshold in settings:
-        m = upto[d]
-        kept, _ = select_top_nodes(scores[:m], parents[:m], depths[:m], total, min_score_of(threshold))
-        hit = kept[good[kept]]
-        out[(d, total, threshold)] = (int(depths[hit].max()) if hit.numel() else 0, int(kept.numel()))
+        by_depth.setdefault(d, []).append((total, threshold))
+    out = {}
+    for d, trees in by_depth.items():
+        ranked = [j for j in order if dep[j] <= d]
+        deepest = [0]  # deepest[i]: the deepest fully matching candidate among ranked[:i] (0: none)
+        for j in ranked:
+            deepest.append(max(deepest[-1], dep[j] if good[j] else 0))
+        for total, threshold in trees:
+            floor = min_score_of(threshold)
+            sure = len(ranked) if floor is None else sum(1 for j in ranked if sc[j] >= floor)
+            m = min(total, sure)
+            out[(d, total, threshold)] = (deepest[m], m)
     return out
 
 
