@@ -185,6 +185,34 @@ def engine_lookup(cfg, has_datastore: bool) -> tuple[int, int, int]:
     return (cfg.lookup_tokens, cfg.lookup_branches, cfg.datastore_branches if has_datastore else 0)
 
 
+def validate_finalists(session, encoded: list[list[int]], max_new_tokens: int, ranked: list[dict],
+                       default: dict | None, validate: int, repeats: int,
+                       progress: Callable[[str], None] | None = None) -> tuple[dict, dict]:
+    """Run the `validate` best-predicted settings, the best one without lookup and the build default end to end,
+    each with the plain-decoding fallback on and off; each finalist's ranked row gains what was measured with its
+    faster variant. Returns (the fastest finalist's row, the validation record)."""
+    by_setting = {setting_of(r): r for r in ranked}
+    no_lookup = next((r for r in ranked if r["lookup_tokens"] == 0), None)
+    picked = finalists(ranked, default, validate, extra=[no_lookup])
+    fallbacks = tuple(dict.fromkeys((default_fallback(), 0)))
+    if progress:
+        progress(f"running {len(picked)} finalists x {len(fallbacks)} (fallback on/off) and plain AR end to end "
+                 f"({repeats} repeats)")
+    measured = measure_end_to_end(session, encoded, max_new_tokens, picked, repeats, fallbacks)
+    for s in picked:
+        row = by_setting[s]
+        per = {f: measured["variants"][(s, f)] for f in fallbacks}
+        fb = max(fallbacks, key=lambda f: per[f]["tokens_per_second"])
+        row["measured_tokens_per_second"] = per[fb]["tokens_per_second"]
+        row["measured_tau"] = per[fb]["tau"]
+        row["fallback_after"] = fb
+        row["measured_by_variant"] = {f"fallback{f}": round(m["tokens_per_second"], 3) for f, m in per.items()}
+    best = by_setting[max(picked, key=lambda s: by_setting[s]["measured_tokens_per_second"])]
+    return best, {"ar_tokens_per_second": measured["ar"], "repeats": repeats,
+                  "finalists": [by_setting[s] for s in picked],
+                  "mismatches": [{**asdict(s), "fallback_after": f} for s, f in measured["mismatches"]]}
+
+
 def tune_engine(session, encoded: list[list[int]], max_new_tokens: int = 64, positions: int = 0,
                 max_depth: int = 8, beams: list[int] | None = None, reps: int = 3,
                 progress: Callable[[str], None] | None = None, validate: int = 3, validate_repeats: int = 2,
@@ -229,25 +257,8 @@ def tune_engine(session, encoded: list[list[int]], max_new_tokens: int = 64, pos
     by_setting = {setting_of(r): r for r in ranked}
     best, validation = ranked[0], None
     if validate > 0:
-        no_lookup = next((r for r in ranked if r["lookup_tokens"] == 0), None)
-        picked = finalists(ranked, by_setting.get(default), validate, extra=[no_lookup])
-        fallbacks = tuple(dict.fromkeys((default_fallback(), 0)))
-        if progress:
-            progress(f"running {len(picked)} finalists x {len(fallbacks)} (fallback on/off) and plain AR end to end "
-                     f"({validate_repeats} repeats)")
-        measured = measure_end_to_end(session, encoded, max_new_tokens, picked, validate_repeats, fallbacks)
-        for s in picked:
-            row = by_setting[s]
-            per = {f: measured["variants"][(s, f)] for f in fallbacks}
-            fb = max(fallbacks, key=lambda f: per[f]["tokens_per_second"])
-            row["measured_tokens_per_second"] = per[fb]["tokens_per_second"]
-            row["measured_tau"] = per[fb]["tau"]
-            row["fallback_after"] = fb
-            row["measured_by_variant"] = {f"fallback{f}": round(m["tokens_per_second"], 3) for f, m in per.items()}
-        best = by_setting[max(picked, key=lambda s: by_setting[s]["measured_tokens_per_second"])]
-        validation = {"ar_tokens_per_second": measured["ar"], "repeats": validate_repeats,
-                      "finalists": [by_setting[s] for s in picked],
-                      "mismatches": [{**asdict(s), "fallback_after": f} for s, f in measured["mismatches"]]}
+        best, validation = validate_finalists(session, encoded, max_new_tokens, ranked, by_setting.get(default),
+                                              validate, validate_repeats, progress)
     verify = costs["verify_ms"]
     return {
         "best": best, "default": by_setting.get(default), "ranked": ranked, "validation": validation,
