@@ -3,6 +3,7 @@
     python scripts/kernel_timings.py --threads 2                           # projections + attention, every kernel
     python scripts/kernel_timings.py --engine ENGINE --threads 2           # + the target forward over 1..32 tokens
     python scripts/kernel_timings.py --engine ENGINE --parts --threads 2   # one forward by parts at 1, 16, 17 rows
+    python scripts/kernel_timings.py --engine ENGINE --parts --rows 1,2,3,4 --threads 2   # at the rows a short tree verifies
     EAGLE_TRT_ISA=avx2 python scripts/kernel_timings.py ...                # the AVX2 kernels on a bigger CPU
 
 Times are in ms, the median over repeats and, in parentheses, the minimum (the machines here are shared: a repeat
@@ -115,10 +116,11 @@ def forward_curve(engine: str, reps: int) -> None:
     print("  " + "  ".join(f"T={t}: {s * 1e3:.1f}" for t, s in c.items()) + f"   16 vs 1: {c[16] / c[1]:.2f}x")
 
 
-def forward_parts(engine: str, reps: int, context: int = 300) -> None:
-    """One target forward (as a verify pass: features, a causal mask) at 1, 16 and 17 tokens after `context` cached
-    ones, beside its parts timed alone on the same shapes: the layers' projections, the attention of every layer,
-    the greedy tokens (LM head + argmax); and the draft head's forward at 1, 2 and 5 rows."""
+def forward_parts(engine: str, reps: int, context: int = 300, rows: tuple[int, ...] = (1, 16, 17)) -> None:
+    """One target forward (as a verify pass: features, a causal mask) at each of `rows` tokens after `context` cached
+    ones, beside its parts timed alone on the same shapes: the layers' projections (all of them, then each kind:
+    qkv, o, gate_up, down), the attention of every layer, the greedy tokens (LM head + argmax); and the draft
+    head's forward at 1, 2 and 5 rows."""
     from eagle_trt.models.draft_head import Eagle3DraftHead
     from eagle_trt.models.llama import LlamaTarget
 
@@ -130,9 +132,10 @@ def forward_parts(engine: str, reps: int, context: int = 300) -> None:
     cache, hcache = target.new_cache(context + 20), head.new_cache(context + 20)
     target.forward(torch.randint(0, s.vocab_size, (context,), generator=g), torch.arange(context), cache)
     cache.length = hcache.length = context
-    projs = [p for lw in target.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)]
+    kinds = {k: [getattr(lw, k) for lw in target.layers] for k in ("qkv", "o", "gate_up", "down")}
+    projs = [p for ps in kinds.values() for p in ps]
     calls = {}
-    for t in (1, 16, 17):
+    for t in rows:
         mask = torch.ones(t, t, dtype=torch.bool).tril_() if t > 1 else None
         full = torch.cat([torch.ones(t, context, dtype=torch.bool), mask], 1) if t > 1 else None
         tokens, pos = torch.arange(t) + 7, torch.arange(context, context + t)
@@ -143,6 +146,8 @@ def forward_parts(engine: str, reps: int, context: int = 300) -> None:
         calls[("target forward", t)] = lambda a=(tokens, pos, mask): target.hidden_states(a[0], a[1], cache, a[2],
                                                                                             need_aux=True)
         calls[("layer projections", t)] = lambda xs=xs: [p(xs[p.in_features]) for p in projs]
+        for kind, ps in kinds.items():
+            calls[(f"  {kind}", t)] = lambda xs=xs, ps=ps: [p(xs[p.in_features]) for p in ps]
         calls[("attention, every layer", t)] = lambda q=q, full=full, kv=kv: [
             target.kernels.attend(q, *kv, full) for _ in target.layers]
         calls[("greedy tokens", t)] = lambda h=hidden: target.greedy(h)
@@ -165,6 +170,7 @@ def main() -> None:
     ap.add_argument("--engine", default=None, help="also time the engine's target forward over 1..32 tokens")
     ap.add_argument("--parts", action="store_true", help="with --engine: only one forward by parts (projections, "
                     "attention, LM head, draft head)")
+    ap.add_argument("--rows", default="1,16,17", help="with --parts: the forward's row counts, comma-separated")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -173,7 +179,7 @@ def main() -> None:
     if args.parts:
         if not args.engine:
             raise SystemExit("--parts needs --engine")
-        forward_parts(args.engine, args.repeats)
+        forward_parts(args.engine, args.repeats, rows=tuple(int(r) for r in args.rows.split(",")))
         return
     projections(args.repeats)
     attentions(args.repeats * 5)

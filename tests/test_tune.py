@@ -192,3 +192,16 @@ def test_tune_prints_its_table_and_a_dry_run_stores_nothing(tiny_checkpoint, tmp
         assert ("tok/s measured" in r.stdout) == (validate == "1")
         assert "dry run: nothing stored" in r.stdout
     assert (engine / "manifest.json").read_text() == before
+
+
+@pytest.mark.parametrize("value, message", [
+    ("0.2,high", "Error: --confidence-thresholds must be comma-separated numbers, got '0.2,high'"),
+    ("0.2,1", "Error: --confidence-thresholds must lie in [0, 1), got '0.2,1'"),
+    ("-0.1", "Error: --confidence-thresholds must lie in [0, 1), got '-0.1'"),
+])
+def test_bad_confidence_thresholds_fail_before_measuring(engine, monkeypatch, value, message):
+    import eagle_trt.bench.tune as tune_mod
+
+    monkeypatch.setattr(tune_mod, "tune_engine", lambda *a, **k: pytest.fail("measured with a bad option"))
+    r = cli.invoke(app, ["tune", "--engine", str(engine), "--dry-run", "--confidence-thresholds", value])
+    assert r.exit_code == 2 and r.stderr.startswith(message)

@@ -43,10 +43,12 @@ def accepted_lengths(scores, parents, depths, tokens, continuation: list[int], s
         deepest = [0]  # deepest[i]: the deepest fully matching candidate among ranked[:i] (0: none)
         for j in ranked:
             deepest.append(max(deepest[-1], dep[j] if good[j] else 0))
+        sure = {}  # per threshold: how many of the ranked candidates reach it (a prefix)
+        for c in {c for _, c in trees}:
+            floor = min_score_of(c)
+            sure[c] = len(ranked) if floor is None else sum(1 for j in ranked if sc[j] >= floor)
         for total, threshold in trees:
-            floor = min_score_of(threshold)
-            sure = len(ranked) if floor is None else sum(1 for j in ranked if sc[j] >= floor)
-            m = min(total, sure)
+            m = min(total, sure[threshold])
             out[(d, total, threshold)] = (deepest[m], m)
     return out
 
@@ -176,13 +178,13 @@ def calibrate(session, encoded: list[list[int]], max_new_tokens: int, positions:
         per_root, state = replay(session, seq, roots, settings, end)  # the last prompt's state stays usable
         state["prompt_len"] = len(ids)
         copies = lookup_replay(seq, len(ids), roots, keys, getattr(runner, "datastore", None), end)
-        head = torch.tensor([[per_root[n][s] for s in settings] for n in roots])[:, head_col]  # [roots, scored, 2]
-        copied = torch.tensor([[copies[n][k][0] for k in keys] for n in roots])[:, copy_col]
-        # The rows a step verifies besides the root: the head's kept tree, then the copies.
-        rows = head[..., 1] + torch.tensor([[copies[n][k][1] for k in keys] for n in roots])[:, copy_col]
-        head = head[..., 0]
-        # A step accepts the longer of the head's path and the best copy (both are paths of the one tree).
-        accepted = torch.maximum(head, copied)  # [roots, scored settings]
+        # [roots, scored settings, 2]: (accepted, rows) of the head's tree, then of the copies
+        head = torch.tensor([[per_root[n][s] for s in settings] for n in roots])[:, head_col]
+        copy = torch.tensor([[copies[n][k] for k in keys] for n in roots])[:, copy_col]
+        # A step accepts the longer of the head's path and the best copy (both are paths of the one tree), and
+        # verifies besides the root the head's kept tree and the copies.
+        accepted = torch.maximum(head[..., 0], copy[..., 0])  # [roots, scored settings]
+        rows = head[..., 1] + copy[..., 1]
         if positions > 0:
             tokens += (accepted + 1).sum(0)
             part = torch.zeros(len(scored), int(rows.max()) + 1, dtype=torch.float64)

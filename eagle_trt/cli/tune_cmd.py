@@ -229,20 +229,18 @@ def _better_drafter(session) -> str:
 
 def _thresholds(text: str) -> list[float]:
     """--confidence-thresholds as floats, each in [0, 1) as DecodeConfig.confidence_threshold is."""
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise InputError(f"--confidence-thresholds must be comma-separated numbers, got {text!r}") from None
+    values = _int_list("--confidence-thresholds", text, float)
     if any(not 0.0 <= v < 1.0 for v in values):
         raise InputError(f"--confidence-thresholds must lie in [0, 1), got {text!r}")
     return values
 
 
-def _int_list(name: str, text: str) -> list[int]:
+def _int_list(name: str, text: str, kind=int) -> list:
     try:
-        return [int(v) for v in text.split(",") if v.strip()]
+        return [kind(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise InputError(f"{name} must be comma-separated integers, got {text!r}") from None
+        what = "integers" if kind is int else "numbers"
+        raise InputError(f"{name} must be comma-separated {what}, got {text!r}") from None
 
 
 def _lookup_label(row: dict) -> str:
