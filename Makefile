@@ -15,7 +15,7 @@ ENGINE   := engines/smollm2-135m-eagle3
 PROMPT   ?= Write a Python function that checks whether a number is prime.
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv model checkpoint engine clean help qwen demo-qwen demo-qwen05 demo-qwen-draft llama-cpp gemma demo-gemma
+.PHONY: demo test test-stress venv model checkpoint engine clean help qwen demo-qwen demo-qwen05 demo-qwen-draft llama-cpp gemma demo-gemma
 
 help:
 	@echo "make demo   install, fetch SmolLM2-135M-Instruct, convert, build, run one prompt"
@@ -176,6 +176,14 @@ demo: $(ENGINE)/tuned.json
 
 test: venv $(GGUF) $(TF_OLD_VENV)/.installed $(VENV)/.trtllm-install-1.2
 	EAGLE_TRT_OLD_TRANSFORMERS=$(TF_OLD_VENV)/bin/python $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The decode tests round after round beside CPU-bound processes (scripts/stress_tests.py): a test that hangs on the
+# machine's load fails here. STRESS_ARGS: e.g. "--clock jitter" or test files of your choice.
+ROUNDS  ?= 10
+BURNERS ?= 4
+STRESS_ARGS ?=
+test-stress: venv $(GGUF)
+	$(PY) scripts/stress_tests.py --rounds $(ROUNDS) --burners $(BURNERS) $(STRESS_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TF_OLD_VENV) checkpoints engines/*/ .pytest_cache

@@ -25,6 +25,21 @@ sys.path.insert(0, str(REPO / "scripts"))
 from make_tiny_model import TINY_CONFIG, make_tiny_model  # noqa: E402
 
 
+def pytest_addoption(parser):
+    parser.addoption("--clock", choices=("wall", "jitter"), default=os.environ.get("EAGLE_TRT_TEST_CLOCK", "wall"),
+                     help="jitter: every component that reads eagle_trt.timing.now gets a seeded random clock "
+                          "instead of the wall clock, to find tests whose assertions hang on timings "
+                          "(tests/timing_support.py); env EAGLE_TRT_TEST_CLOCK")
+
+
+def pytest_configure(config):
+    if config.getoption("--clock") == "jitter":
+        from eagle_trt import timing
+        from timing_support import JitterClock
+
+        timing.now = JitterClock(seed=int(os.environ.get("EAGLE_TRT_TEST_CLOCK_SEED", "0")))
+
+
 def write_random_head(out: Path, seed: int = 1, aux=(1, 3, 4), draft_vocab: int | None = None, scale=0.1,
                       vocab: int | None = None) -> Path:
     """A random EAGLE-3 head in modelopt's export layout for the tiny target (no modelopt needed)."""

@@ -13,13 +13,16 @@ import torch
 from eagle_trt.runtime.batch import BatchRunner
 from eagle_trt.runtime.session import Session
 from eagle_trt.speculative.batch_sizing import CostCurve
+from eagle_trt.timing import TickClock
 
 
 @pytest.fixture(scope="module")
 def session(tiny_checkpoint, tmp_path_factory):
     from conftest import build_tiny_engine
 
-    return Session.open(build_tiny_engine(tiny_checkpoint, tmp_path_factory.mktemp("batch")))
+    # The clock pinned (eagle_trt/timing.py): the mode chooser's rates, the copy gate's prices and the drafting
+    # shares are counts of clock readings, so which steps draft does not depend on the machine's load.
+    return Session.open(build_tiny_engine(tiny_checkpoint, tmp_path_factory.mktemp("batch")), clock=TickClock())
 
 
 def _prompts(n: int, vocab: int) -> list[list[int]]:
@@ -100,6 +103,27 @@ def test_the_batch_alternates_modes_by_measurement_and_stays_lossless(session):
     assert [s.request.output for s in slots] == solo
     assert {mode for (width, mode) in batch.modes.rates} == {"draft", "plain"}
     assert any(s.request.metrics.undrafted_tokens for s in slots)
+
+
+def test_a_pinned_clock_makes_the_batch_decide_alike_every_time(tiny_checkpoint, tmp_path):
+    """Two fresh engines on TickClocks: every mode the chooser picks, every tree cut and every copy verified is the
+    same, step for step (on the wall clock these follow the machine's load; the tokens never do)."""
+    from conftest import build_tiny_engine
+
+    engine = build_tiny_engine(tiny_checkpoint, tmp_path)
+    runs = []
+    for _ in range(2):
+        s = Session.open(engine, clock=TickClock())
+        prompts = _prompts(3, s.runner.target.spec.vocab_size)
+        batch = BatchRunner(s.runner, max_batch=3, cost=CHEAP)
+        slots = [batch.admit(p, s.decode_config(max_new_tokens=60)) for p in prompts]
+        while batch.active:
+            batch.step()
+        runs.append(([[(st.accepted, st.tree_size, st.lookup_size) for st in sl.request.metrics.steps]
+                      for sl in slots], [sl.request.metrics.undrafted_tokens for sl in slots],
+                     {k: ema.get(0.0) for k, ema in batch.modes.rates.items()}))
+    assert runs[0] == runs[1]
+    assert sum(runs[0][1]) > 0  # the chooser tried plain steps too
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch(session):

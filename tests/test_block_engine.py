@@ -19,6 +19,7 @@ from eagle_trt.models.native.kernels import NativeKernels
 from eagle_trt.runtime.batch import BatchRunner
 from eagle_trt.runtime.runner import Runner
 from eagle_trt.runtime.session import Session
+from eagle_trt.timing import TickClock
 from lossless_support import assert_lossless
 from native_support import lib_or_skip
 from test_block_forward import block_target
@@ -93,7 +94,7 @@ def test_the_avx2_build_on_blocks(tiny_model_dir, tiny_head_dir, fmt, compute):
     fp32 = torch.float32
     target = block_target(tiny_model_dir, fp32, NativeKernels(lib, fp32, block_compute=compute), fmt)
     assert target.lm_head.compute == compute
-    runner = Runner(target, Eagle3DraftHead.load(tiny_head_dir, target), capacity=256)
+    runner = Runner(target, Eagle3DraftHead.load(tiny_head_dir, target), capacity=256, clock=TickClock())
     for prompt in PROMPTS[:2]:
         ar = runner.generate(prompt, DecodeConfig(max_new_tokens=32, mode="ar", eos_token_ids=[])).token_ids
         for tree in TREES:
@@ -111,7 +112,7 @@ def test_a_draft_model_engine_quantized(tiny_model_dir, tmp_path):
     # block_compute: float keeps the fp32 block path end to end (the default, auto, is int8).
     engine = build(ckpt, tmp_path / "engine", "weights: q8_0\ndraft_weights: q4_0\nblock_compute: float\n")
     assert (engine / "draft" / "blocks.json").is_file()
-    session = Session.open(engine)
+    session = Session.open(engine, clock=TickClock())  # tau below counts the copies the gate lets through
     assert session.runner.drafter.model.lm_head.kernel == 2 and session.block_compute == "float"
     assert session.runner.target.lm_head.compute == session.runner.drafter.model.lm_head.compute == "float"
     for prompt in PROMPTS:

@@ -17,8 +17,8 @@ def engine(tiny_checkpoint, tmp_path_factory):
     return build_tiny_engine(tiny_checkpoint, tmp_path_factory.mktemp("cli"))
 
 
-def run_json(engine, *args):
-    r = cli.invoke(app, ["run", "--engine", str(engine), "--json", *args])
+def run_json(engine, *args, env=None):
+    r = cli.invoke(app, ["run", "--engine", str(engine), "--json", *args], env=env)
     assert r.exit_code == 0, r.output
     return json.loads(r.stdout)
 
@@ -136,3 +136,14 @@ def test_sampling_is_seeded_and_typical_acceptance_is_labelled_lossy(engine):
 def test_bad_sampling_options(engine):
     r = cli.invoke(app, ["run", "--engine", str(engine), "--prompt", "hi", "--top-p", "0"])
     assert r.exit_code == 2 and r.stderr.startswith("Error: --top-p must be in (0, 1], got 0.0")
+
+
+def test_a_bad_clock_name_is_a_one_line_error(engine):
+    r = cli.invoke(app, ["run", "--engine", str(engine), "--prompt", "hi", "--max-new-tokens", "2"],
+                   env={"EAGLE_TRT_CLOCK": "sundial"})
+    assert r.exit_code == 2
+    assert r.stderr.strip() == ("Error: EAGLE_TRT_CLOCK='sundial' is not a clock: use 'wall' (the default) or "
+                                "'tick'")
+    pinned = [run_json(engine, "--prompt", "abc abc abc abc", "--no-chat", "--max-new-tokens", "24",
+                       env={"EAGLE_TRT_CLOCK": "tick"}) for _ in range(2)]
+    assert pinned[0]["metrics"] == pinned[1]["metrics"]  # every decision, and every reported time, a count

@@ -10,6 +10,7 @@ from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.config.decode import DecodeConfig
 from eagle_trt.runtime.runner import Runner
+from eagle_trt.timing import TickClock
 
 P = 48
 # The second prompt repeats itself, so prompt lookup finds long copies right up to the end.
@@ -31,7 +32,7 @@ def runner(tmp_path_factory):
     model = make_tiny_model(root / "model", seed=3, max_position_embeddings=P)
     target = LlamaTarget.load(model)
     head = Eagle3DraftHead.load(write_random_head(root / "draft"), target)
-    return Runner(target, head, capacity=4 * P)
+    return Runner(target, head, capacity=4 * P, clock=TickClock())  # copies cut by the step count, not the load
 
 
 @pytest.mark.parametrize("fallback_after", [0, 2])

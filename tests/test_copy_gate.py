@@ -8,6 +8,7 @@ from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.config.decode import DecodeConfig
 from eagle_trt.runtime.runner import Runner
 from eagle_trt.speculative.copy_gate import PRIOR_HITS, PRIOR_MISSES, CopyGate, RowPrice
+from eagle_trt.timing import TickClock
 
 PRIOR = PRIOR_HITS / (PRIOR_HITS + PRIOR_MISSES)
 
@@ -70,8 +71,10 @@ def test_positions_the_head_tree_holds_are_free_and_not_counted():
 
 @pytest.fixture(scope="module")
 def runner(tiny_model_dir, tiny_head_dir):
+    """Its clock pinned: a token's worth (and any row price a step could learn) is a count of clock readings, the
+    same on a loaded machine as on a quiet one."""
     target = LlamaTarget.load(tiny_model_dir)
-    return Runner(target, Eagle3DraftHead.load(tiny_head_dir, target), capacity=512)
+    return Runner(target, Eagle3DraftHead.load(tiny_head_dir, target), capacity=512, clock=TickClock())
 
 
 class FixedPrice(RowPrice):
@@ -87,14 +90,15 @@ class FixedPrice(RowPrice):
 
 @pytest.mark.parametrize("row_ms", [1e-9, 1e9], ids=["free-rows", "dear-rows"])
 def test_greedy_stays_lossless_and_copies_follow_the_price(runner, monkeypatch, row_ms):
-    """A fixed row price (the rest of the gate is timing-free but a token's worth, positive after the first step):
-    free rows keep every copy, dear rows cut them all after the first step (before any token's worth is known,
-    copies pass whole); the text is AR's either way."""
+    """A fixed row price (the rest of the gate is timing-free but a token's worth, positive after the first step and
+    read on the runner's pinned clock): free rows keep every copy, dear rows cut them all after the first step
+    (before any token's worth is known, copies pass whole); the text is AR's either way. The baseline grafts its
+    copies whole (no gate), so the comparison is the policy against the configured tree, never against a clock."""
     prompt = [5, 6, 7, 8, 9] * 3
     tree = dict(tree="dynamic", beam_width=2, draft_length=2, total_tokens=3, lookup_tokens=6, lookup_branches=2,
                 max_new_tokens=60, eos_token_ids=[])
     ar = runner.generate(prompt, DecodeConfig(mode="ar", max_new_tokens=60, eos_token_ids=[])).token_ids
-    plain = runner.generate(prompt, DecodeConfig(**tree))
+    plain = runner.generate(prompt, DecodeConfig(adaptive_lookup=False, **tree))
     monkeypatch.setattr(runner, "row_price", FixedPrice(row_ms))
     gated = runner.generate(prompt, DecodeConfig(adaptive_lookup=True, **tree))
     assert gated.token_ids == plain.token_ids == ar

@@ -12,6 +12,7 @@ from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.config.decode import DecodeConfig
 from eagle_trt.runtime.runner import Runner
 from eagle_trt.speculative.datastore import Datastore
+from eagle_trt.timing import TickClock
 from lossless_support import assert_lossless
 
 
@@ -70,7 +71,7 @@ def test_file_round_trip_and_bad_files(tmp_path):
 @pytest.fixture(scope="module")
 def runner(tiny_model_dir, tiny_head_dir):
     target = LlamaTarget.load(tiny_model_dir)
-    return Runner(target, Eagle3DraftHead.load(tiny_head_dir, target), capacity=512)
+    return Runner(target, Eagle3DraftHead.load(tiny_head_dir, target), capacity=512, clock=TickClock())
 
 
 @pytest.mark.parametrize("tree", [dict(tree="dynamic", beam_width=2, draft_length=2, total_tokens=3),
@@ -115,7 +116,7 @@ def test_build_ships_the_heads_datastore_and_the_session_loads_it(tiny_checkpoin
     engine = build_tiny_engine(ckpt, tmp_path)
     manifest = json.loads((engine / "manifest.json").read_text())
     assert f"draft/{DATASTORE_NAME}" in manifest["files"]
-    session = Session.open(engine)
+    session = Session.open(engine, clock=TickClock())
     assert session.runner.datastore is not None and len(session.runner.datastore) == 7
     assert session.decode_config().datastore_branches == 1  # the config default
     # A datastore for another vocabulary is refused at build time, naming the file.

@@ -18,6 +18,7 @@ from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.runtime.model_drafter import DraftModel, ModelDrafter
 from eagle_trt.config.decode import DecodeConfig
 from eagle_trt.runtime.runner import Runner
+from eagle_trt.timing import TickClock
 from lossless_support import assert_lossless
 
 PROMPTS = [[5, 6, 7, 8, 9], [100, 20, 30], [256, 72, 101, 108, 108, 111]]
@@ -57,7 +58,7 @@ def drafts(tiny_model_dir, tmp_path_factory):
 
 def model_runner(target, draft_dir, capacity=512) -> Runner:
     drafter = ModelDrafter(DraftModel.load(draft_dir), capacity, target.spec.vocab_size)
-    return Runner(target, None, capacity=capacity, drafter=drafter)
+    return Runner(target, None, capacity=capacity, drafter=drafter, clock=TickClock())
 
 
 @pytest.fixture(scope="module")

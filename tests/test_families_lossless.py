@@ -22,6 +22,7 @@ from eagle_trt.models.reference import TorchKernels
 from eagle_trt.models.spec import TargetSpec
 from eagle_trt.models.weights import LazyTensors, read_json
 from eagle_trt.runtime.runner import Runner
+from eagle_trt.timing import TickClock
 from lossless_support import OracleDrafter, assert_lossless
 
 FAMILIES = ("qwen3", "llama3", "gemma3")
@@ -59,7 +60,7 @@ def test_eagle_equals_ar_equals_hf(family, kernels):
     target = load(model_dir, kernels)
     if kernels == "native" and target.kernels.name == "torch":
         pytest.skip(f"no native kernels here: {target.kernels.reason}")
-    runner = Runner(target, Eagle3DraftHead.load(head_dir, target), capacity=256)
+    runner = Runner(target, Eagle3DraftHead.load(head_dir, target), capacity=256, clock=TickClock())
     for i, prompt in enumerate(PROMPTS):
         ar = runner.generate(prompt, DecodeConfig(max_new_tokens=40, mode="ar", eos_token_ids=[])).token_ids
         assert ar == hf_greedy(hf, prompt, 40), (name, prompt)
@@ -85,7 +86,8 @@ def test_bf16_native_eagle_equals_ar(family):
     target = LlamaTarget.load(model_dir, torch.bfloat16)
     if not target.row_invariant:
         pytest.skip(f"{target.kernels.name} kernels are not row-invariant here")
-    runner = Runner(target, Eagle3DraftHead.load(head_dir, target, torch.bfloat16), capacity=256)
+    runner = Runner(target, Eagle3DraftHead.load(head_dir, target, torch.bfloat16), capacity=256,
+                    clock=TickClock())
     prompt = PROMPTS[2]
     ar = runner.generate(prompt, DecodeConfig(max_new_tokens=40, mode="ar", eos_token_ids=[])).token_ids
     runner.drafter = OracleDrafter(runner.drafter, len(prompt), ar, seed=5)

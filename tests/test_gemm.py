@@ -17,6 +17,7 @@ from eagle_trt.models.spec import TargetSpec
 from eagle_trt.models.weights import load_safetensors, read_json
 from eagle_trt.config.decode import DecodeConfig
 from eagle_trt.runtime.runner import Runner
+from eagle_trt.timing import TickClock
 from native_support import builds
 
 needs_prepack = pytest.mark.skipif(not prepack_enabled(), reason="this torch build has no oneDNN prepacking")
@@ -116,7 +117,7 @@ def test_eagle_equals_ar(tiny_model_dir, tiny_head_dir, dtype, seed):
     target = LlamaTarget.load(tiny_model_dir, dtype=dt)
     if not target.row_invariant:
         pytest.skip(f"{target.kernels.name} {dtype} does not claim row invariance here")
-    runner = Runner(target, Eagle3DraftHead.load(tiny_head_dir, target, dt), capacity=256)
+    runner = Runner(target, Eagle3DraftHead.load(tiny_head_dir, target, dt), capacity=256, clock=TickClock())
     real = runner.drafter
     for prompt in ([5, 6, 7, 8, 9], [100, 20, 30]):
         ar = runner.generate(prompt, DecodeConfig(max_new_tokens=48, mode="ar", eos_token_ids=[])).token_ids

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from eagle_trt.timing import TickClock
+
 REPO = Path(__file__).resolve().parents[1]
 HEAD = REPO / "heads" / "gemma3-270m"
 GGUF = Path(os.environ.get("EAGLE_TRT_GEMMA_GGUF", REPO / "models" / "gemma-3-270m-q4_k_m.gguf"))
@@ -49,7 +51,7 @@ def session(tmp_path_factory):
     cfg = parse_config({"name": "gemma-head-test", "checkpoint_dir": str(tmp / "ckpt"), "dtype": "bfloat16",
                         "max_input_len": 256, "max_output_len": 64})
     build_engine(cfg, output_dir=tmp / "engine")
-    return Session.open(tmp / "engine")
+    return Session.open(tmp / "engine", clock=TickClock())
 
 
 @pytest.mark.slow

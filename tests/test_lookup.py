@@ -8,6 +8,7 @@ from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.runtime.proposers import CONTEXT, DATASTORE, DRAFTER, grafted
 from eagle_trt.config.decode import DecodeConfig
 from eagle_trt.runtime.runner import Runner
+from eagle_trt.timing import TickClock
 from eagle_trt.speculative.lookup import NgramIndex, copy_budget, graft, trie_size, within_rows
 from eagle_trt.speculative.tree import tree_from_parents
 from lossless_support import assert_lossless
@@ -99,8 +100,10 @@ def test_within_rows_cuts_copies_to_the_budget_in_priority_order():
 
 @pytest.fixture(scope="module")
 def runner(tiny_model_dir, tiny_head_dir):
+    """Its clock pinned (eagle_trt/timing.py): the copy gate's row price and token worth are counts of clock
+    readings, so which copies a step verifies does not depend on the machine's load."""
     target = LlamaTarget.load(tiny_model_dir)
-    return Runner(target, Eagle3DraftHead.load(tiny_head_dir, target), capacity=512)
+    return Runner(target, Eagle3DraftHead.load(tiny_head_dir, target), capacity=512, clock=TickClock())
 
 
 @pytest.mark.parametrize("tree", [dict(tree="dynamic", beam_width=3, draft_length=3, total_tokens=6),

@@ -12,6 +12,7 @@ from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.llama import LlamaTarget
 from eagle_trt.config.decode import DecodeConfig
 from eagle_trt.runtime.runner import Runner
+from eagle_trt.timing import TickClock
 from lossless_support import OracleDrafter, assert_lossless
 
 PROMPTS = [[5, 6, 7, 8, 9], [100, 20, 30], [256, 72, 101, 108, 108, 111], list(range(40, 73))]
@@ -29,7 +30,7 @@ TREES = [
 @pytest.fixture(scope="module")
 def runner(tiny_model_dir, tiny_head_dir):
     target = LlamaTarget.load(tiny_model_dir)
-    return Runner(target, Eagle3DraftHead.load(tiny_head_dir, target), capacity=512)
+    return Runner(target, Eagle3DraftHead.load(tiny_head_dir, target), capacity=512, clock=TickClock())
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,7 @@ def test_reduced_draft_vocab_maps_through_d2t(tiny_model_dir, tmp_path):
     target = LlamaTarget.load(tiny_model_dir)
     head = Eagle3DraftHead.load(write_random_head(tmp_path / "d", draft_vocab=64), target)
     assert head.draft_to_target.tolist() == [2 * i for i in range(64)]
-    r = Runner(target, head, capacity=256)
+    r = Runner(target, head, capacity=256, clock=TickClock())
     ar = r.generate([5, 6, 7], DecodeConfig(max_new_tokens=30, mode="ar", eos_token_ids=[])).token_ids
     res = r.generate([5, 6, 7], DecodeConfig(max_new_tokens=30, eos_token_ids=[]))
     assert_lossless(r, [5, 6, 7], res.token_ids, ar)

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eagle_trt.timing import TickClock
+
 REPO = Path(__file__).resolve().parents[1]
 # size: (head dir, GGUF, hidden size, the target layers whose outputs the head reads)
 HEADS = {
@@ -65,7 +67,7 @@ def session(request, tmp_path_factory):
                         "weights": "auto", "draft_weights": shipped["draft_weights"],  # as the shipped config builds it
                         "max_input_len": 256, "max_output_len": 64})
     build_engine(cfg, output_dir=tmp / "engine")
-    return Session.open(tmp / "engine")
+    return Session.open(tmp / "engine", clock=TickClock())
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from eagle_trt.timing import TickClock
 from lossless_support import assert_lossless
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +42,7 @@ def session(tmp_path_factory):
     cfg = parse_config({"name": "smollm2-test", "checkpoint_dir": str(tmp / "ckpt"), "max_output_len": 256,
                         "dtype": "float32"})
     build_engine(cfg, output_dir=tmp / "engine")
-    return Session.open(tmp / "engine")
+    return Session.open(tmp / "engine", clock=TickClock())
 
 
 @pytest.fixture(scope="module")

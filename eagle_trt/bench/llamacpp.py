@@ -20,9 +20,9 @@ draft_model, seed, verbose; `tokenize`, `generate`, `reset`, `n_vocab`) and
 from __future__ import annotations
 
 import importlib
-import time
 from pathlib import Path
 
+from eagle_trt import timing
 from eagle_trt.bench.methods import LLAMA_CPP_METHODS, Method, MethodOutput
 from eagle_trt.bench.stats import first_difference
 from eagle_trt.errors import InputError, MissingDependencyError
@@ -103,7 +103,7 @@ class LlamaCppMethod(Method):
 
     def run(self, prompt_ids, max_new_tokens):
         out: list[int] = []
-        t = time.perf_counter()
+        t = timing.now()
         # reset() first: generate() would otherwise keep the previous run's KV cache for a shared prefix, which
         # our methods recompute (each run starts from an empty cache, prompt processing timed).
         self.llama.reset()
@@ -115,7 +115,7 @@ class LlamaCppMethod(Method):
                     break
         finally:
             gen.close()
-        return MethodOutput(out, time.perf_counter() - t)
+        return MethodOutput(out, timing.now() - t)
 
     def close(self) -> None:
         """Free llama.cpp's model and context (its drafter's too): a loaded llama.cpp slows the torch forwards timed

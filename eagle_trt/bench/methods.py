@@ -27,11 +27,11 @@ llama.cpp on the GGUF the engine came from (the optional llama-cpp-python packag
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
+from eagle_trt import timing
 from eagle_trt.errors import InputError
 
 # Our speculative methods: name -> (the drafter they need, their role: chain / tree / tree-lookup / tree-untuned).
@@ -89,9 +89,9 @@ class OursMethod(Method):
 
     def run(self, prompt_ids, max_new_tokens):
         self.opts = self.opts.model_copy(update={"max_new_tokens": max_new_tokens})
-        t = time.perf_counter()
+        t = timing.now()
         result = self.runner.generate(prompt_ids, self.opts)
-        secs = time.perf_counter() - t
+        secs = timing.now() - t
         m = result.metrics
         steps = [(s.accepted, s.tree_depth) for s in m.steps] if self.speculative else []
         return MethodOutput(result.token_ids, secs, m.to_dict(), steps, m.draft_s, m.verify_s)
@@ -120,10 +120,10 @@ class HFMethod(Method):
             kw["prompt_lookup_num_tokens"] = self.prompt_lookup
         if self.assistant is not None:
             kw["assistant_model"] = self.assistant
-        t = time.perf_counter()
+        t = timing.now()
         with torch.inference_mode():
             out = self.model.generate(ids, **kw)
-        secs = time.perf_counter() - t
+        secs = timing.now() - t
         return MethodOutput(out[0, len(prompt_ids):].tolist(), secs)
 
 

@@ -11,10 +11,10 @@ import torch
 
 from eagle_trt.bench.methods import DRAFT_SHARE_METHODS
 from eagle_trt.runtime.verify_cost import default_sizes, forward_curve  # noqa: F401 - bench's and tune's too
-from eagle_trt.timing import best_seconds
+from eagle_trt.timing import Clock, best_seconds
 
 
-def copy_bandwidth(megabytes: int = 256, reps: int = 5) -> float:
+def copy_bandwidth(megabytes: int = 256, reps: int = 5, clock: Clock | None = None) -> float:
     """Memory copy bandwidth in bytes/s: (read + write bytes) / time of the fastest of `reps` `dst.copy_(src)`.
 
     The fastest, not the median: the roofline is a ceiling, and on a shared machine other work only ever slows a
@@ -22,7 +22,7 @@ def copy_bandwidth(megabytes: int = 256, reps: int = 5) -> float:
     n = max(megabytes, 1) * (1 << 20) // 4
     src = torch.ones(n, dtype=torch.float32)
     dst = torch.empty_like(src)
-    return 2 * src.numel() * src.element_size() / best_seconds(lambda: dst.copy_(src), reps)
+    return 2 * src.numel() * src.element_size() / best_seconds(lambda: dst.copy_(src), reps, clock=clock)
 
 
 def target_weight_bytes(target) -> int:

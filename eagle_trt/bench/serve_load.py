@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from eagle_trt import timing
 from eagle_trt.errors import InputError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -75,7 +76,7 @@ def one_request(host: str, port: int, model: str, messages: list[dict], max_toke
     if api_key:
         headers["authorization"] = f"Bearer {api_key}"
     conn = http.client.HTTPConnection(host, port, timeout=REQUEST_TIMEOUT)
-    start = time.perf_counter()
+    start = timing.now()
     first, parts, tokens, tau = None, [], 0, None
     try:
         conn.request("POST", "/v1/chat/completions", body, headers)
@@ -92,7 +93,7 @@ def one_request(host: str, port: int, model: str, messages: list[dict], max_toke
             for choice in event.get("choices", []):
                 piece = choice.get("delta", {}).get("content") or ""
                 if piece:
-                    first = first or time.perf_counter()
+                    first = first or timing.now()
                     parts.append(piece)
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
@@ -100,7 +101,7 @@ def one_request(host: str, port: int, model: str, messages: list[dict], max_toke
                 tau = event["eagle_trt"].get("acceptance_length") if mode == "eagle" else None
     finally:
         conn.close()
-    end = time.perf_counter()
+    end = timing.now()
     return "".join(parts), (first or end) - start, end - start, tokens, tau
 
 
@@ -128,12 +129,12 @@ def run_level(host: str, port: int, model: str, prompts: list[list[dict]], mode:
                 level.samples.append(Sample(i % len(prompts), text, ttft, total, tokens, tau))
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
-    start = time.perf_counter()
+    start = timing.now()
     for t in threads:
         t.start()
     for t in threads:
         t.join(REQUEST_TIMEOUT * requests)
-    level.wall_s = time.perf_counter() - start
+    level.wall_s = timing.now() - start
     if errors:
         e = errors[0]
         raise e if isinstance(e, InputError) else InputError(f"a request failed: {type(e).__name__}: {e}")

@@ -11,7 +11,6 @@ Everything here takes plain numbers and lists, so it is unit-tested without a mo
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from eagle_trt.timing import median_seconds  # noqa: F401 - the benchmarks' timing, shared
 

@@ -46,12 +46,12 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from dataclasses import asdict
 from typing import Callable
 
 import torch
 
+from eagle_trt import timing
 from eagle_trt.bench.stats import interpolate, median_seconds
 from eagle_trt.bench.harness import run_bench
 from eagle_trt.bench.methods import OursMethod
@@ -245,7 +245,7 @@ def tune_engine(session, encoded: list[list[int]], max_new_tokens: int = 64, pos
                                   thresholds=sorted({0.0, *confidence_thresholds}))
     grid = lookup_grid(list(lookup_tokens), list(lookup_branches), list(datastore_branches) if has_store else [0],
                        copied_room(cfg), include=[own])
-    t0 = time.perf_counter()
+    t0 = timing.now()
     caps = sorted({c for c in (*max_verify_rows, own_cap) if c > 0})
     taus, rows, state = calibrate(session, encoded, max_new_tokens, positions, settings, grid, progress, caps)
     if progress:
@@ -269,5 +269,5 @@ def tune_engine(session, encoded: list[list[int]], max_new_tokens: int = 64, pos
                      "draft_ms": {f"{k}x{d}": v for (k, d), v in costs["draft_ms"].items()},
                      "lookup_ms": {f"{t}x{b}+{ds}": v for (t, b, ds), v in costs["lookup_ms"].items()},
                      "lookup_grid": len(grid), "datastore": has_store,
-                     "seconds": time.perf_counter() - t0},
+                     "seconds": timing.now() - t0},
     }

@@ -26,7 +26,6 @@ so a seeded answer does not depend on the batch either.
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import torch
@@ -50,6 +49,7 @@ class BatchRunner:
         its configured tree. `prefill_chunk`: prompt rows a step takes in all, so a long prompt does not stall the
         requests already decoding."""
         self.runner, self.max_batch, self.kv_budget = runner, max_batch, kv_budget_bytes
+        self.clock = runner.clock  # the runner's: one source for every timing a decision reads
         self.cost, self.prefill_chunk, self.size_trees = cost, prefill_chunk, size_trees and cost is not None
         self.active: list[Slot] = []
         self._to_extend: list[tuple] = []  # (slot, features, tokens) its drafter reads after this step
@@ -97,7 +97,7 @@ class BatchRunner:
         request.cache = runner.target.new_cache(capacity, runner.cache.k.dtype, *kv_scales(runner.cache))
         request.drafter = runner.drafter.fresh(capacity) if drafting else None
         request.cache.length = 0
-        slot = Slot(request, self.kv_needed(prompt_ids, config), drafting, cancelled)
+        slot = Slot(request, self.kv_needed(prompt_ids, config), drafting, self.clock(), cancelled)
         self.active.append(slot)
         return slot
 
@@ -108,15 +108,15 @@ class BatchRunner:
         for s in ended:
             s.request.metrics.stop_reason = s.request.metrics.stop_reason or "stopped"
         live = [s for s in self.active if s not in ended]
-        t_step = time.perf_counter()
+        t_step = self.clock()
         before = sum(len(s.request.output) for s in live)
         self._pick_mode(live)
         work = self._plan(live)
         if work:
-            t_verify = time.perf_counter()
+            t_verify = self.clock()
             hidden, aux, greedy = self._forward(work)
             rows = sum(w.n for w in work)
-            self.runner.row_price.add_step(rows, 1000 * (time.perf_counter() - t_verify))
+            self.runner.row_price.add_step(rows, 1000 * (self.clock() - t_verify))
             for w in work:
                 self._resolve(w, hidden, aux, greedy, t_verify)
             self._extend_drafters()
@@ -125,7 +125,7 @@ class BatchRunner:
                 seg = self._segment
                 seg["steps"] += 1
                 seg["tokens"] += sum(len(s.request.output) for s in live) - before
-                seg["ms"] += 1000 * (time.perf_counter() - t_step)
+                seg["ms"] += 1000 * (self.clock() - t_step)
         ended += [s for s in live if s.request.done]
         for s in ended:
             self._finish(s)
@@ -179,23 +179,23 @@ class BatchRunner:
         drafting = [s for s in candidates if plan[id(s)]]
         if not drafting:
             return work
-        t = time.perf_counter()
+        t = self.clock()
         self._catch_up(drafting)
         trees = self._trees(drafting)
-        share = (time.perf_counter() - t) / len(trees)
+        share = (self.clock() - t) / len(trees)
         self._cut_trees(trees, sum(x.n for x in fixed) + len(work), len(fixed) + len(candidates))
         # A token is worth what the batch's time buys, not what this request's share of the step cost it: the
         # copy gate prices copied rows with that (speculative/copy_gate.py).
         rate = self.modes.best_rate(width_class(len(candidates)))
         for w in trees:
-            t = time.perf_counter()
+            t = self.clock()
             request = w.slot.request
             if request.gate is not None and rate:
                 request.gate.prices(self.runner.row_price.row_ms, 1.0 / rate)
             self.runner.draft(request, self.runner.room(request), slice(1, None), w.draft)
             tree = w.draft.tree()
             w.rows = Rows(tree.tokens, tree.positions(request.cache.length), request.cache, tree.mask)
-            w.draft_s = share + time.perf_counter() - t
+            w.draft_s = share + self.clock() - t
         return work + trees
 
     def _drafting_plan(self, candidates: list[Slot], fixed: list[Work]) -> dict[int, bool]:
@@ -334,7 +334,7 @@ class BatchRunner:
         if slot.prefilling:
             return
         root = self._next_token(w, hidden, greedy)
-        request.metrics.prefill_s = time.perf_counter() - slot.admitted
+        request.metrics.prefill_s = self.clock() - slot.admitted
         request.root = root
         request.commit([root])
         if slot.drafting and not request.done:
@@ -348,7 +348,7 @@ class BatchRunner:
         nxt = self._next_token(w, hidden, greedy)
         request.cache.length += 1
         if not slot.drafting:
-            request.metrics.steps.append(StepRecord(0, 0, 0, 0.0, time.perf_counter() - t_verify))
+            request.metrics.steps.append(StepRecord(0, 0, 0, 0.0, self.clock() - t_verify))
         elif slot.fallback_left > 0:
             slot.fallback_left -= 1
             request.metrics.fallback_tokens += 1
@@ -378,13 +378,13 @@ class BatchRunner:
         feeds, self._to_extend = self._to_extend, []
         if not feeds:
             return
-        t = time.perf_counter()
+        t = self.clock()
         self._extend([s.request.drafter for s, _, _ in feeds], [a for _, a, _ in feeds], [t_ for _, _, t_ in feeds])
-        spent = time.perf_counter() - t
+        spent = self.clock() - t
         for slot, _, _ in feeds:
             slot.request.carry_draft_s = spent / len(feeds)
 
     def _finish(self, slot: Slot) -> None:
         m = slot.request.metrics
-        m.total_s = time.perf_counter() - slot.admitted
+        m.total_s = self.clock() - slot.admitted
         m.generated_tokens = len(slot.request.output)

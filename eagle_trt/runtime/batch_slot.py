@@ -3,7 +3,6 @@ and what it puts into one shared forward (`Work`)."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -22,8 +21,8 @@ class Slot:
     request: Request
     kv_bytes: int
     drafting: bool
+    admitted: float  # the batch clock's reading when the request joined
     cancelled: Callable[[], bool] | None = None
-    admitted: float = field(default_factory=time.perf_counter)
     prefilled: int = 0  # prompt tokens in the KV cache
     prompt_aux: list = field(default_factory=list)  # the prefill chunks' features (the drafter starts on them)
     # Plain steps of a drafting request (a fallback, or a step in the batch's plain mode): their features and the

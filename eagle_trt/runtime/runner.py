@@ -18,7 +18,6 @@ how many of them one target forward can confirm.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -38,6 +37,7 @@ from eagle_trt.speculative.datastore import Datastore
 from eagle_trt.speculative.sampling import processed_probs
 from eagle_trt.speculative.tree import Tree
 from eagle_trt.speculative.verify import verify_greedy, verify_sampling
+from eagle_trt.timing import Clock, clock_or_default
 
 
 @dataclass
@@ -72,8 +72,11 @@ class Runner:
                  kv_dtype: torch.dtype | None = None, k_scales=None, v_scales=None, max_input_len: int | None = None,
                  draft_k_scales=None, draft_v_scales=None, datastore: Datastore | None = None,
                  eos_token_ids: list[int] | None = None, tree_room: int | None = None,
-                 drafter: TreeDrafter | None = None):
-        """`head`: an EAGLE-3 head, drafted with by `Drafter`; or `drafter`: any other (runtime/tree_drafter.py)."""
+                 drafter: TreeDrafter | None = None, clock: Clock | None = None):
+        """`head`: an EAGLE-3 head, drafted with by `Drafter`; or `drafter`: any other (runtime/tree_drafter.py).
+        `clock`: where every timing the decode policies read comes from (eagle_trt/timing.py); the wall clock by
+        default, a `TickClock` where a test needs the same decisions under any load."""
+        self.clock = clock_or_default(clock)
         self.target, self.head = target, head
         self.tree_room = tree_room or capacity  # KV slots set aside for a step's tree (root and copies included)
         # Tokens that end an answer unless a request names its own (`eagle_trt.eos`; default: the target config's).
@@ -105,12 +108,12 @@ class Runner:
         drafting = config.mode == "eagle" and self.drafter is not None
         request = Request.new(prompt_ids, config, self.eos_token_ids, drafting, on_tokens)
         request.cache, request.drafter = self.cache, self.drafter  # one request at a time: the runner's own
-        t0 = time.perf_counter()
+        t0 = self.clock()
         if drafting:
             self._generate_eagle(request)
         else:
             self._generate_ar(request)
-        request.metrics.total_s = time.perf_counter() - t0
+        request.metrics.total_s = self.clock() - t0
         request.metrics.generated_tokens = len(request.output)
         return GenerationResult(request.output, request.metrics, list(prompt_ids))
 
@@ -141,11 +144,11 @@ class Runner:
 
     def _prefill(self, request: Request, need_aux: bool) -> tuple[int, torch.Tensor | None]:
         ids = torch.tensor(request.prompt_ids)
-        t = time.perf_counter()
+        t = self.clock()
         request.cache.length = 0
         tok, aux = self._next_after(request, ids, torch.arange(ids.numel()), need_aux)
         request.cache.length = ids.numel()
-        request.metrics.prefill_s = time.perf_counter() - t
+        request.metrics.prefill_s = self.clock() - t
         return tok, aux
 
     def _plain_step(self, request: Request, tok: int, need_aux: bool) -> tuple[int, torch.Tensor | None]:
@@ -159,9 +162,9 @@ class Runner:
         tok, _ = self._prefill(request, need_aux=False)
         request.commit([tok])
         while not request.done:
-            t = time.perf_counter()
+            t = self.clock()
             tok, _ = self._plain_step(request, tok, need_aux=False)
-            request.metrics.steps.append(StepRecord(0, 0, 0, 0.0, time.perf_counter() - t))
+            request.metrics.steps.append(StepRecord(0, 0, 0, 0.0, self.clock() - t))
             request.commit([tok])
 
     def _generate_eagle(self, request: Request) -> None:
@@ -190,9 +193,9 @@ class Runner:
     def start_drafting(self, request: Request, aux: torch.Tensor | None, root: int) -> None:
         """After the prompt's prefill chose `root`: the request's drafter reads the prompt (and its features), and
         its proposers are made."""
-        t = time.perf_counter()
+        t = self.clock()
         request.drafter.start(torch.tensor(request.prompt_ids), aux, root)
-        request.root, request.carry_draft_s = root, time.perf_counter() - t
+        request.root, request.carry_draft_s = root, self.clock() - t
         request.proposers = request_proposers(request.drafter, self.datastore, request)
 
     def room(self, request: Request) -> int:
@@ -202,9 +205,9 @@ class Runner:
 
     def _step(self, request: Request, room: int) -> None:
         """One speculative step: draft -> verify -> accept -> commit."""
-        t_draft = time.perf_counter()
+        t_draft = self.clock()
         draft = self.draft(request, room)
-        t_verify = time.perf_counter()
+        t_verify = self.clock()
         verified = self._verify(request, draft)
         accepted = self.accept(request, draft, verified)
         self.commit_step(request, draft, verified, accepted, t_verify - t_draft, t_verify)
@@ -220,7 +223,7 @@ class Runner:
         # Keep the accepted path's K/V, packed right after the prefix; the rest is dead space.
         request.cache.compact(n, accepted.path)
         request.cache.length = n + accepted.path.numel()
-        t_done = time.perf_counter()
+        t_done = self.clock()
         kept = request.commit(accepted.tokens + [accepted.bonus])
         request.metrics.steps.append(_record(draft, accepted, kept, request.carry_draft_s + draft_s,
                                              t_done - t_verify))
@@ -235,9 +238,9 @@ class Runner:
         aux = verified.aux[accepted.path] if verified.aux is not None else None
         if not extend:
             return aux, torch.tensor(accepted.tokens + [accepted.bonus])
-        t = time.perf_counter()
+        t = self.clock()
         request.drafter.extend(aux, torch.tensor(accepted.tokens + [accepted.bonus]))
-        request.carry_draft_s = time.perf_counter() - t
+        request.carry_draft_s = self.clock() - t
         return None
 
     def draft(self, request: Request, room: int, proposers: slice = slice(None),
@@ -279,9 +282,9 @@ class Runner:
             if request.done:
                 return
             request.root = nxt
-        t = time.perf_counter()
+        t = self.clock()
         request.drafter.extend(torch.cat(feats) if need_aux else None, torch.tensor(nexts))
-        request.carry_draft_s = time.perf_counter() - t
+        request.carry_draft_s = self.clock() - t
         request.misses = 0
 
     def accept(self, request: Request, draft: DraftTree, verified: Verified,

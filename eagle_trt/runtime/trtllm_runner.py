@@ -10,12 +10,12 @@ that one.
 from __future__ import annotations
 
 import atexit
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from eagle_trt.timing import now
 from eagle_trt.engine import trtllm_backend
 from eagle_trt.engine.trtllm_bundle import LEGACY_DIR
 from eagle_trt.engine.trtllm_lines import DEFAULT_LINE, LINES
@@ -146,9 +146,9 @@ class TrtllmRunner:
         params = trtllm_backend.sampling_params(opts.max_new_tokens, **sampling)
         if opts.eos_token_ids:
             params.end_id = opts.eos_token_ids[0]
-        start = time.perf_counter()
+        start = now()
         out = llm.generate([{"prompt_token_ids": list(ids)}], params)[0]
-        total = time.perf_counter() - start
+        total = now() - start
         completion = out.outputs[0]
         tokens = list(completion.token_ids)
         if on_tokens is not None:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import torch
 
 from eagle_trt.models.gemm import INVARIANT_ROWS
-from eagle_trt.timing import median_seconds
+from eagle_trt.timing import Clock, median_seconds
 
 
 def forward_curve(target, sizes: list[int], context: int = 128, reps: int = 5,
-                  aux_layers: list[int] = ()) -> dict[int, float]:
-    """Median seconds of one target forward over T new tokens after `context` cached tokens, per T.
+                  aux_layers: list[int] = (), clock: Clock | None = None) -> dict[int, float]:
+    """Median seconds of one target forward over T new tokens after `context` cached tokens, per T, read on `clock`
+    (eagle_trt/timing.py; the wall clock by default).
 
     Shapes match tree verification (the features of `aux_layers`, the runner's, and a [T, T] mask); T=1 is a plain
     decoding step."""
@@ -34,7 +35,7 @@ def forward_curve(target, sizes: list[int], context: int = 128, reps: int = 5,
         mask = torch.ones(t, t, dtype=torch.bool).tril_()
         out[t] = median_seconds(lambda: target.forward(tokens, positions, cache, mask if t > 1 else None,
                                                      need_aux=bool(aux_layers), aux_layers=list(aux_layers)),
-                              reps)
+                              reps, clock=clock)
     return out
 
 

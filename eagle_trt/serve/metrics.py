@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from eagle_trt import timing
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -32,7 +32,7 @@ class ServeMetrics:
 
     def finished(self, m, prompt_tokens: int, submitted: float, first_token: float | None) -> None:
         """Account one finished request (m: its GenerationMetrics)."""
-        now = time.perf_counter()
+        now = timing.now()
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(m.generated_tokens)
         if m.mode == "eagle":

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from eagle_trt import timing
 from eagle_trt.config.decode import DecodeConfig
 from eagle_trt.errors import EagleError
 from eagle_trt.runtime.batch import BatchRunner
@@ -57,7 +57,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
-    submitted: float = field(default_factory=time.perf_counter)
+    submitted: float = field(default_factory=lambda: timing.now())
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -85,7 +85,7 @@ class Stream:
     def on_tokens(self, tokens: list[int]) -> bool:
         """The request's commit callback; True ends it (a stop string, or the client went away)."""
         if self.first is None:
-            self.first = time.perf_counter()
+            self.first = timing.now()
         text = self.scan.push(self.text.push(tokens))
         if text:
             self.job.put("text", text)
@@ -188,7 +188,8 @@ class EngineWorker(threading.Thread):
             return None
         sizes = default_sizes(min(max(64, 16 * self.max_batch), 512))
         return CostCurve({t: 1e3 * sec for t, sec in forward_curve(runner.target, sizes, reps=3,
-                                                                   aux_layers=runner.aux_layers).items()})
+                                                                   aux_layers=runner.aux_layers,
+                                                                   clock=runner.clock).items()})
 
     def _admit(self, streams: dict) -> bool:
         """Move waiting jobs into the batch while they fit (blocking while there is nothing at all to do); False
