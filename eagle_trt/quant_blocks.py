@@ -184,3 +184,57 @@ def dequantize(qt: QuantTensor) -> torch.Tensor:
     """The weights of `qt` as float32 in its HF shape, equal bit for bit to gguf-py's `gguf.quants.dequantize`."""
     blocks = qt.data.contiguous().reshape(-1, BLOCKS[qt.format][1])
     return _DEQUANT[qt.format](blocks).reshape(qt.shape)
+
+
+# Byte offsets of the fp16 scale fields in a block of each quantized format (d, and m / dmin where it has one). Every
+# other byte is a bounded integer, so a block de-quantizes to finite weights exactly when these fields are finite.
+SCALE_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q5_0": (0,), "q4_1": (0, 2), "q5_1": (0, 2), "q4_k": (0, 2),
+                "q5_k": (0, 2), "q6_k": (208,)}
+_FLOAT_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+_F16_EXPONENT = 0x7C00  # all five exponent bits set: inf or NaN
+_CHUNK = 1 << 24  # float weights checked this many at a time (bounds the temporary mask)
+
+
+def first_nonfinite(fmt: str, data: torch.Tensor) -> int | None:
+    """The index of the first block of `data` (uint8, `fmt`'s blocks back to back; a block is one weight for the float
+    formats) that de-quantizes to inf or NaN, or None. Reads the scale fields as strided int16 views: no copy, no loop
+    over blocks."""
+    b = BLOCKS[fmt][1]
+    flat = data.contiguous().reshape(-1)
+    if fmt in _FLOAT_DTYPES:
+        values = flat.view(_FLOAT_DTYPES[fmt])
+        for start in range(0, values.numel(), _CHUNK):
+            ok = torch.isfinite(values[start:start + _CHUNK])
+            if not bool(ok.all()):
+                return start + int((~ok).nonzero()[0, 0])
+        return None
+    blocks = flat.reshape(-1, b)
+    bad = None
+    for at in SCALE_FIELDS[fmt]:
+        field = blocks[:, at:at + 2].view(torch.int16).reshape(-1)
+        mask = (field & _F16_EXPONENT) == _F16_EXPONENT
+        if bool(mask.any()):
+            first = int(mask.nonzero()[0, 0])
+            bad = first if bad is None else min(bad, first)
+    return bad
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether every element of a float tensor is finite."""
+    # A finite sum means finite elements (one pass, no temporary); an infinite sum may be overflow alone, so then the
+    # elements decide.
+    return bool(torch.isfinite(t.sum(dtype=torch.float32))) or bool(torch.isfinite(t).all())
+
+
+def check_finite(t: torch.Tensor, fmt: str | None, name: str, source) -> None:
+    """A CheckpointError naming `name` in `source` when a float tensor (fmt None) or uint8 rows of `fmt` blocks
+    de-quantize to inf or NaN; integer tensors (d2t) pass."""
+    if fmt is not None:
+        bad = first_nonfinite(fmt, t)
+        if bad is not None:
+            raise CheckpointError(f"{source}: tensor {name} ({fmt}) has a non-finite block scale (inf or NaN) at "
+                                  f"block {bad}; the weights are corrupt: convert the model again")
+        return
+    if t.is_floating_point() and not all_finite(t):
+        raise CheckpointError(f"{source}: tensor {name} holds inf or NaN values; the weights are corrupt: convert the "
+                              "model again")

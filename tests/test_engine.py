@@ -103,7 +103,8 @@ def test_d2t_out_of_range(cfg, ckpt, tmp_path):
     tensors = draft_tensors()
     tensors["d2t"] = torch.full((DRAFT_VOCAB,), 300, dtype=torch.int64)
     save_file(tensors, str(ckpt / "draft" / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"d2t maps draft ids outside the target vocab \[0, 260\)$"):
+    with pytest.raises(CheckpointError, match=r"d2t\[0\] = 300 maps draft id 0 to target id 300, outside the target "
+                       r"vocab \[0, 260\)"):
         build_engine(cfg, ckpt, tmp_path / "e", dry_run=True)
 
 

@@ -35,7 +35,7 @@ from eagle_trt.quant_blocks import (  # noqa: F401  (re-exported: the one import
 from eagle_trt.quant_encode import quantize_rows  # noqa: F401  (re-exported)
 
 # ggml type name -> our format; the others are refused by name.
-_GGML_FORMATS = {
+GGML_FORMATS = {
     "F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1",
     "Q5_0": "q5_0", "Q5_1": "q5_1", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k",
 }
@@ -92,10 +92,10 @@ def _unpermute(qt: QuantTensor, n_head: int, name: str) -> QuantTensor:
 
 def _quant_tensor(gf: GGUFFile, t: TensorInfo) -> QuantTensor:
     """One GGUF tensor as rows of blocks, shape in HF order (GGUF lists in_features first)."""
-    fmt = _GGML_FORMATS.get(t.type_name)
+    fmt = GGML_FORMATS.get(t.type_name)
     if fmt is None:
         raise CheckpointError(f"{gf.path}: tensor {t.name} is ggml type {t.type_name}, which eagle-trt does not "
-                              f"read (it reads {', '.join(_GGML_FORMATS)}); use a GGUF quantized to one of those")
+                              f"read (it reads {', '.join(GGML_FORMATS)}); use a GGUF quantized to one of those")
     shape = tuple(reversed(t.dims))
     if not 1 <= len(shape) <= 2:
         raise CheckpointError(f"{gf.path}: tensor {t.name} has {len(shape)} dimensions {shape}; only 1-D and 2-D "

@@ -114,6 +114,15 @@ def _tensor_info(cur: _Cursor, path: Path) -> tuple[str, tuple[int, ...], int, i
     return name, dims, ggml_type, offset
 
 
+def _check_disjoint(path: Path, tensors: dict[str, TensorInfo]) -> None:
+    """No two tensors share a byte: each ends before the next one (by offset) begins."""
+    spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors.values() if t.nbytes)
+    for (_, end, name), (begin, _, after) in zip(spans, spans[1:]):
+        if begin < end:
+            raise CheckpointError(f"corrupt GGUF file {path}: tensors {name} and {after} overlap (bytes {begin}-{end} "
+                                  "of the file); re-download it")
+
+
 @dataclass
 class GGUFFile:
     path: Path
@@ -144,8 +153,10 @@ class GGUFFile:
             metadata[key] = cur.value(cur.take("I"))
         infos = [_tensor_info(cur, path) for _ in range(n_tensors)]
         align = metadata.get("general.alignment", 32)
-        if not isinstance(align, int) or align <= 0:
-            raise CheckpointError(f"corrupt GGUF file {path}: general.alignment is {align!r}; re-download it")
+        # ggml pads with GGML_PAD, which needs a power of two (bool is an int: refused too)
+        if type(align) is not int or align <= 0 or align & (align - 1):
+            raise CheckpointError(f"corrupt GGUF file {path}: general.alignment is {align!r}, not a power of two; "
+                                  "re-download it")
         start = -(-cur.pos // align) * align
         tensors = {}
         for name, dims, ggml_type, offset in infos:
@@ -155,9 +166,13 @@ class GGUFFile:
             if dims[0] % n or info.offset + info.nbytes > len(mapped):
                 raise CheckpointError(f"corrupt or truncated GGUF file {path}: tensor {name} ({info.type_name} "
                                       f"{list(dims)}) does not fit the file; re-download it")
+            if offset % align:
+                raise CheckpointError(f"corrupt GGUF file {path}: tensor {name} starts at data offset {offset}, not "
+                                      f"a multiple of general.alignment {align}; re-download it")
             if name in tensors:
                 raise CheckpointError(f"corrupt GGUF file {path}: tensor {name} appears twice; re-download it")
             tensors[name] = info
+        _check_disjoint(path, tensors)
         return cls(path, metadata, tensors, mapped)
 
     def raw(self, info: TensorInfo) -> np.ndarray:

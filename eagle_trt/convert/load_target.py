@@ -20,8 +20,11 @@ import torch
 from safetensors import safe_open
 
 from eagle_trt.architectures import check_config, family_of_type
+from eagle_trt.convert.gguf_checks import check_gguf_contents
+from eagle_trt.convert.gguf_file import GGUFFile
 from eagle_trt.convert.gguf_tokenizer import gguf_bpe_tokenizer, needs_bpe_rebuild
 from eagle_trt.errors import CheckpointError, InputError, MissingDependencyError
+from eagle_trt.quant_blocks import all_finite
 from eagle_trt.safetensors_stream import tensor_locations
 from eagle_trt.shards import index_shards
 
@@ -103,24 +106,12 @@ def _check_hf_dir(path: Path) -> str:
 
 
 def _check_gguf(path: Path) -> str:
-    """Parse the GGUF header and tensor table; return the architecture it declares."""
-    # Imported here: gguf is needed only for .gguf targets (an optional dependency in practice).
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-        field = reader.get_field("general.architecture")
-        arch = field.contents() if field is not None else "<missing>"
-        # GGUFReader already fails on most truncations (tensor views no longer fit); this catches
-        # a cut that lands exactly at a tensor boundary.
-        size = path.stat().st_size
-        if any(t.data_offset + t.n_bytes > size for t in reader.tensors):
-            raise ValueError("tensor data extends past the end of the file")
-    except Exception as e:
-        raise CheckpointError(
-            f"corrupt or truncated GGUF file {path} ({e}); re-download it"
-        ) from e
+    """Parse the GGUF header and tensor table (every tensor inside the file, aligned, none overlapping another), check
+    its architecture, then its contents (`gguf_checks.py`); return the architecture it declares."""
+    gf = GGUFFile.open(path)
+    arch = gf.metadata.get("general.architecture", "<missing>")
     _check_supported(arch, path)
+    check_gguf_contents(gf)  # a layer count its tensors bear out, finite block scales: before the slow load
     return arch
 
 
@@ -206,6 +197,14 @@ def with_special_tokens(tokenizer, ids: dict[str, int]):
     return tokenizer
 
 
+def check_finite_weights(model, path: Path) -> None:
+    """Every loaded (de-quantized) parameter is finite; a CheckpointError names the first that is not."""
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and not all_finite(p.detach()):
+            raise CheckpointError(f"{path}: tensor {name} holds inf or NaN values after loading; the weights are "
+                                  "corrupt: re-download or re-export the model")
+
+
 def load_target(model_path: str | Path):
     """Load MODEL (HF dir or .gguf) as an fp32 causal LM. Returns (model, tokenizer, SourceInfo)."""
     # Imported here: transformers takes seconds to import, and the cheap checks must fail before that.
@@ -231,6 +230,7 @@ def load_target(model_path: str | Path):
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     model.eval()
+    check_finite_weights(model, path)
 
     info = SourceInfo(
         path=str(path),

@@ -243,9 +243,7 @@ def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path, max_shard_
     # Tensor names stay as in the checkpoint: the runtime tells official (midlayer.*) heads from
     # modelopt (layers.0.*) ones by name, and they normalise the hidden input differently. A trtllm
     # bundle takes TensorRT-LLM's names instead (its EAGLE-3 draft calls the decoder layer midlayer).
-    draft_tensors = _load(plan.draft_weights)
-    if trt and plan.head_kind == "eagle3":
-        draft_tensors = trtllm_bundle.draft_tensor_names(draft_tensors, plan.architecture.num_hidden_layers)
+    draft_tensors = _draft_tensors(plan, trt)
     from eagle_trt.engine import weight_blocks
 
     draft_tensors, draft_blocks = weight_blocks.quantize_dict(
@@ -292,6 +290,20 @@ def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path, max_shard_
     return manifest
 
 
+def _draft_tensors(plan: CheckpointPlan, trt: bool) -> dict:
+    """The draft's tensors under the names the engine stores; a draft model's checked finite here (a head's values
+    were checked with its shapes, engine/head_checks.py)."""
+    from eagle_trt.quant_blocks import check_finite
+
+    tensors = _load(plan.draft_weights)
+    if plan.head_kind == "model":
+        for name, t in tensors.items():
+            check_finite(t, None, name, plan.draft_weights)
+    if trt and plan.head_kind == "eagle3":
+        tensors = trtllm_bundle.draft_tensor_names(tensors, plan.architecture.num_hidden_layers)
+    return tensors
+
+
 def copy_weights(shards: list[Path], out_dir: Path, dtype: str, max_shard_bytes: int, keep: dict | None = None,
                  weights: str = "float", tied: bool = False) -> dict:
     """The checkpoint's weights into out_dir in the engine dtype, one tensor in memory at a time, sharded at
@@ -302,6 +314,7 @@ def copy_weights(shards: list[Path], out_dir: Path, dtype: str, max_shard_bytes:
 
     from eagle_trt.engine import weight_blocks
     from eagle_trt.models import block_weights
+    from eagle_trt.quant_blocks import check_finite
     from eagle_trt.safetensors_stream import Planned, read_tensor, tensor_locations, write_sharded
     from eagle_trt.shards import INDEX_NAME
 
@@ -324,7 +337,9 @@ def copy_weights(shards: list[Path], out_dir: Path, dtype: str, max_shard_bytes:
         shard, entry = (kept_source if from_kept else source)[name]
         if shard not in files:
             files[shard] = open(shard, "rb")
-        return read_tensor(files[shard], entry)
+        t = read_tensor(files[shard], entry)
+        check_finite(t, kept[name]["format"] if from_kept else None, name, shard)  # each weight read once, here
+        return t
 
     def produce(name: str):
         if name in keep:

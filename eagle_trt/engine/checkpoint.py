@@ -28,10 +28,14 @@ from eagle_trt.config.schema import DraftConfig
 from eagle_trt.engine.datastore_file import DATASTORE_NAME, check_datastore
 from eagle_trt.engine.draft_model_checks import check_model_draft, is_model_draft
 from eagle_trt.engine.head_checks import (
+    check_aux_ids,
     check_draft_vocab,
     check_eagle1_shapes,
     check_eagle3_shapes,
+    check_head_values,
     check_kv_scales,
+    config_int,
+    head_architecture,
     head_kind,
 )
 from eagle_trt.errors import CheckpointError, ConfigError
@@ -124,7 +128,7 @@ def _inspect_target(tdir: Path) -> _Target:
     tcfg_path = tdir / "config.json"
     tcfg = _read_json(tcfg_path)
     H, L, V, P = (
-        _int(tcfg, k, tcfg_path)
+        config_int(tcfg, k, tcfg_path)
         for k in ("hidden_size", "num_hidden_layers", "vocab_size", "max_position_embeddings")
     )
     weights = _target_shards(tdir, [V, H])
@@ -160,11 +164,10 @@ def _head_plan(cfg: EagleConfig, target: _Target, dcfg: dict, dcfg_path: Path, d
     else:
         # `eagle-trt convert` writes the aux ids flat; modelopt's export nests them in eagle_config.
         aux = dcfg.get("eagle_aux_hidden_state_layer_ids") or eagle_cfg.get("eagle_aux_hidden_state_layer_ids")
-        aux = aux or sorted({1, max(0, L // 2 - 1), max(0, L - 4)})  # modelopt's EAGLE-3 default
-        if not isinstance(aux, list) or not all(type(i) is int and 0 <= i < L for i in aux):
-            raise CheckpointError(f"aux layer ids {aux} in '{dcfg_path}' are not layers of the {L}-layer target")
+        aux = check_aux_ids(aux or sorted({1, max(0, L // 2 - 1), max(0, L - 4)}), L, dcfg_path)  # modelopt's default
         check_eagle3_shapes(shapes, dweights, dcfg_path, arch, heads_kv, head_dim, len(aux))
     vocab = check_draft_vocab(shapes, dcfg, dweights, dcfg_path, H, V)
+    check_head_values(_tensors(dweights), dweights, V, vocab)
     datastore = dweights.parent / DATASTORE_NAME
     if datastore.is_file():
         check_datastore(datastore, V)
@@ -192,9 +195,7 @@ def _head_architecture(cfg: EagleConfig, dcfg: dict, dcfg_path: Path, target: _T
     """The head's architecture from its config, checked against the target's hidden size and the config's
     eagle_architecture: (arch, kv heads, head_dim)."""
     H = target.hvl[0]
-    arch = _draft_architecture(dcfg, dcfg_path, target.positions)
-    heads_kv = _int(dcfg, "num_key_value_heads", dcfg_path, arch.num_attention_heads)
-    head_dim = _int(dcfg, "head_dim", dcfg_path, arch.hidden_size // arch.num_attention_heads)
+    arch, heads_kv, head_dim = head_architecture(dcfg, dcfg_path, target.positions)
     if cfg.eagle_architecture is not None and cfg.eagle_architecture.hidden_size != H:
         raise ConfigError(
             f"eagle_architecture.hidden_size ({cfg.eagle_architecture.hidden_size}) does not match "
@@ -231,16 +232,6 @@ def _target_info(tcfg: dict, hidden: int, layers: int, vocab: int) -> dict:
             "hidden_size": hidden, "num_layers": layers, "vocab_size": vocab}
 
 
-def _draft_architecture(dcfg: dict, path: Path, target_positions: int) -> EagleArchitecture:
-    return EagleArchitecture(
-        hidden_size=_int(dcfg, "hidden_size", path),
-        num_attention_heads=_int(dcfg, "num_attention_heads", path),
-        intermediate_size=_int(dcfg, "intermediate_size", path),
-        num_hidden_layers=_int(dcfg, "num_hidden_layers", path, 1),
-        max_position_embeddings=_int(dcfg, "max_position_embeddings", path, target_positions),
-    )
-
-
 def _read_json(path: Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"'{path}' not found")
@@ -251,15 +242,6 @@ def _read_json(path: Path) -> dict:
     if not isinstance(data, dict):
         raise CheckpointError(f"'{path}' must hold a JSON object")
     return data
-
-
-def _int(data: dict, key: str, path: Path, default: int | None = None) -> int:
-    value = data.get(key)
-    if value is None:
-        value = default  # absent or null ("head_dim": null is common)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise CheckpointError(f"'{path}' needs a positive integer {key} (got {value!r})")
-    return value
 
 
 def _target_shards(tdir: Path, embed_shape: list[int]) -> list[Path]:
@@ -287,6 +269,17 @@ def _target_shards(tdir: Path, embed_shape: list[int]) -> list[Path]:
                 f"implies {embed_shape} (vocab_size, hidden_size)"
             )
     return shards
+
+
+def _tensors(path: Path) -> dict:
+    """Every tensor of a draft's safetensors (a head: small), its names as in _head_plan's shapes."""
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(path))
+    except Exception as exc:  # safetensors raises its own error types for bad files
+        raise CheckpointError(f"'{path}' is not a readable safetensors file: {exc}") from exc
+    return {"layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k: t for k, t in tensors.items()}
 
 
 def _shapes(path: Path) -> dict[str, list[int]]:

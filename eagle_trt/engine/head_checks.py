@@ -1,7 +1,9 @@
-"""Draft-head tensor checks: which layout a head has, and that every tensor has the shape it implies.
+"""Draft-head checks: which layout a head has, that every tensor has the shape its config implies, and that its values
+are sane (finite weights, a d2t / t2d vocabulary map inside the target's vocabulary and consistent with itself).
 
-Shapes come from safetensors headers (eagle_trt.engine.checkpoint reads them); only d2t and the KV
-scales are read as values. Every error names the file and the tensor.
+`build` runs them on a checkpoint's draft (shapes from safetensors headers, eagle_trt.engine.checkpoint); `convert
+--head` and `export` run `check_head` on a head already in memory, the same checks, before anything is written.
+Every error names the file and the tensor or field, and says what to do.
 
     >>> head_kind({"fc.weight": [64, 128], "layers.0.self_attn.q_proj.weight": [64, 64]}, 64)
     'eagle1'
@@ -10,12 +12,15 @@ scales are read as values. Every error names the file and the tensor.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from eagle_trt.config import EagleArchitecture
 from eagle_trt.errors import CheckpointError
+from eagle_trt.quant_blocks import all_finite
 
 _OPTIONAL_TENSORS = {"lm_head.weight", "d2t", "t2d", "embed_tokens.weight", "fc.bias"}
 
@@ -70,7 +75,7 @@ def check_eagle3_shapes(shapes, path, cfg_path, arch, kv, head_dim, n_aux) -> No
             raise CheckpointError(
                 f"'{path}': {key} has shape {shapes[key]}, expected {shape} (hidden_size {H}, "
                 f"{arch.num_attention_heads}x{head_dim} heads, {kv} kv heads, intermediate_size {I}, "
-                f"{n_aux} aux layers)"
+                f"{n_aux} aux layers in '{cfg_path}'); the head and its config disagree: re-export it"
             )
     unknown = sorted(set(shapes) - set(want) - _OPTIONAL_TENSORS)
     if unknown:
@@ -139,15 +144,17 @@ def check_kv_scales(path: Path, target_layers: int) -> Path | None:
 
 
 def check_draft_vocab(shapes, dcfg, path, cfg_path, H, V) -> int:
-    """Draft vocab = lm_head rows; d2t (draft id -> target id offset) must stay inside the target vocab."""
+    """Draft vocab = lm_head rows (the target's V without one), as draft_vocab_size says; d2t's shape fits it (its
+    values: check_head_values)."""
     head = shapes.get("lm_head.weight")
     vocab = head[0] if head else V  # no lm_head: the draft reuses the target's
-    if head is not None and (head[1] != H or vocab > V):
+    if head is not None and (len(head) != 2 or head[1] != H or not 1 <= vocab <= V):
         raise CheckpointError(f"'{path}': lm_head.weight has shape {head}, expected [<= {V}, {H}]")
-    if dcfg.get("draft_vocab_size", vocab) != vocab:
+    declared = dcfg.get("draft_vocab_size", vocab)
+    if declared != vocab or type(declared) is not int:
         raise CheckpointError(
-            f"draft_vocab_size ({dcfg['draft_vocab_size']}) in '{cfg_path}' does not match "
-            f"lm_head.weight rows ({vocab}) in '{path}'"
+            f"draft_vocab_size ({declared!r}) in '{cfg_path}' does not match "
+            f"lm_head.weight rows ({vocab}) in '{path}' (the target's vocab is {V}); set it to {vocab}"
         )
     if "d2t" not in shapes:
         if vocab != V:
@@ -155,9 +162,113 @@ def check_draft_vocab(shapes, dcfg, path, cfg_path, H, V) -> int:
         return vocab
     if shapes["d2t"] != [vocab]:
         raise CheckpointError(f"'{path}': d2t has shape {shapes['d2t']}, expected [{vocab}]")
-    with safe_open(str(path), "pt") as fh:
-        d2t = fh.get_tensor("d2t")
-    ids = torch.arange(vocab) + d2t.long()
-    if d2t.is_floating_point() or int(ids.min()) < 0 or int(ids.max()) >= V:
-        raise CheckpointError(f"'{path}': d2t maps draft ids outside the target vocab [0, {V})")
     return vocab
+
+
+def check_head_values(tensors: dict[str, torch.Tensor], path, V: int, draft_vocab: int) -> None:
+    """Every floating tensor finite; d2t (target id = draft id + d2t[draft id]) integer and one-to-one into the
+    target vocab [0, V); t2d, when present, the [V] mask of exactly the target ids d2t reaches."""
+    for name in sorted(tensors):
+        t = tensors[name]
+        if t.is_floating_point() and not all_finite(t):
+            raise CheckpointError(f"'{path}': tensor {name} holds inf or NaN values; the head is corrupt: retrain or "
+                                  "re-export it")
+    d2t = tensors.get("d2t")
+    ids = torch.arange(draft_vocab) if d2t is None else _target_ids(d2t, path, V)
+    if "t2d" in tensors:
+        _check_t2d(tensors["t2d"], ids, path, V)
+
+
+def _target_ids(d2t: torch.Tensor, path, V: int) -> torch.Tensor:
+    """The target id of every draft id, each in [0, V) and none twice."""
+    if d2t.is_floating_point() or d2t.dtype == torch.bool or d2t.dim() != 1:
+        raise CheckpointError(f"'{path}': d2t is {str(d2t.dtype).replace('torch.', '')}{list(d2t.shape)}; it must "
+                              "be 1-D integer offsets (target id = draft id + d2t[draft id]); re-export the head")
+    offsets = d2t.long()
+    ids = torch.arange(offsets.numel()) + offsets  # an offset near the int64 limit wraps negative: refused below
+    outside = ((ids < 0) | (ids >= V)).nonzero()
+    if outside.numel():
+        i = int(outside[0, 0])
+        raise CheckpointError(f"'{path}': d2t[{i}] = {int(offsets[i])} maps draft id {i} to target id {int(ids[i])}, "
+                              f"outside the target vocab [0, {V}); this head was made for another vocabulary")
+    if torch.unique(ids).numel() != ids.numel():
+        raise CheckpointError(f"'{path}': d2t maps two draft ids to one target id; each draft token must stand for "
+                              "its own target token: re-export the head")
+    return ids
+
+
+def _check_t2d(t2d: torch.Tensor, ids: torch.Tensor, path, V: int) -> None:
+    """t2d: a [V] bool (or 0/1) mask, True exactly at the target ids the draft vocab holds."""
+    if list(t2d.shape) != [V] or t2d.is_floating_point() or (t2d.dtype != torch.bool and bool(
+            ((t2d != 0) & (t2d != 1)).any())):
+        raise CheckpointError(f"'{path}': t2d is {str(t2d.dtype).replace('torch.', '')}{list(t2d.shape)}; it must be "
+                              f"a [{V}] bool mask of the target ids in the draft vocab; re-export the head")
+    want = torch.zeros(V, dtype=torch.bool)
+    want[ids] = True
+    differ = (t2d.bool() != want).nonzero()
+    if differ.numel():
+        tid = int(differ[0, 0])
+        raise CheckpointError(f"'{path}': t2d and d2t disagree at target id {tid} (t2d says "
+                              f"{'in' if bool(t2d[tid]) else 'not in'} the draft vocab); re-export the head")
+
+
+def config_int(data: dict, key: str, path: Path, default: int | None = None) -> int:
+    """data[key] as a positive int (`default` when absent or null), else a CheckpointError naming the field."""
+    value = data.get(key)
+    if value is None:
+        value = default  # absent or null ("head_dim": null is common)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise CheckpointError(f"'{path}' needs a positive integer {key} (got {value!r}); fix it there")
+    return value
+
+
+def head_architecture(dcfg: dict, path: Path, positions: int) -> tuple[EagleArchitecture, int, int]:
+    """(the head's architecture, its kv heads, its head_dim) from its config.json, every field a positive int."""
+    arch = EagleArchitecture(
+        hidden_size=config_int(dcfg, "hidden_size", path),
+        num_attention_heads=config_int(dcfg, "num_attention_heads", path),
+        intermediate_size=config_int(dcfg, "intermediate_size", path),
+        num_hidden_layers=config_int(dcfg, "num_hidden_layers", path, 1),
+        max_position_embeddings=config_int(dcfg, "max_position_embeddings", path, positions),
+    )
+    heads_kv = config_int(dcfg, "num_key_value_heads", path, arch.num_attention_heads)
+    head_dim = config_int(dcfg, "head_dim", path, arch.hidden_size // arch.num_attention_heads)
+    return arch, heads_kv, head_dim
+
+
+def check_aux_ids(aux, layers: int | None, cfg_path) -> list[int]:
+    """The aux layer ids: a non-empty list of distinct layers of the target (of its `layers`, when known)."""
+    top = layers if layers is not None else math.inf
+    if not isinstance(aux, list) or not aux or not all(type(i) is int and 0 <= i < top for i in aux) or len(
+            set(aux)) != len(aux):
+        of = f"the {layers}-layer target" if layers is not None else "the target"
+        raise CheckpointError(f"aux layer ids {aux} in '{cfg_path}' are not distinct layers of {of} "
+                              "(eagle_aux_hidden_state_layer_ids); this head was trained for another model")
+    return aux
+
+
+@dataclass(frozen=True)
+class TargetDims:
+    """What a head is checked against: the target's hidden size, decoder layers (None: unknown) and vocab size."""
+
+    hidden: int
+    layers: int | None
+    vocab: int
+
+
+def check_head(cfg: dict, tensors: dict[str, torch.Tensor], path: Path, cfg_path: Path, target: TargetDims
+               ) -> list[int]:
+    """`build`'s checks of an EAGLE-3 head, on one in memory (tensors under layers.0.* names): its config's fields,
+    every tensor's shape, the aux layer ids, the draft vocab and the values. Returns the aux layer ids."""
+    arch, heads_kv, head_dim = head_architecture(cfg, cfg_path, 1)
+    if arch.hidden_size != target.hidden:
+        raise CheckpointError(f"draft hidden_size ({arch.hidden_size}) in '{cfg_path}' does not match the target "
+                              f"hidden_size ({target.hidden}); this head was trained for another model")
+    aux = cfg.get("eagle_aux_hidden_state_layer_ids") or (cfg.get("eagle_config") or {}).get(
+        "eagle_aux_hidden_state_layer_ids")
+    aux = check_aux_ids(aux, target.layers, cfg_path)
+    shapes = {k: list(t.shape) for k, t in tensors.items()}
+    check_eagle3_shapes(shapes, path, cfg_path, arch, heads_kv, head_dim, len(aux))
+    vocab = check_draft_vocab(shapes, cfg, path, cfg_path, target.hidden, target.vocab)
+    check_head_values(tensors, path, target.vocab, vocab)
+    return aux

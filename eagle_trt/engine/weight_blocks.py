@@ -79,7 +79,14 @@ def _kept(kept_dir) -> tuple[dict, dict]:
         return {}, {}
     from safetensors.torch import load_file
 
-    return load_file(str(Path(kept_dir) / block_weights.KEPT_FILE)), table_
+    from eagle_trt.quant_blocks import check_finite
+
+    path = Path(kept_dir) / block_weights.KEPT_FILE
+    blocks = load_file(str(path))
+    for name, e in table_.items():
+        if name in blocks:
+            check_finite(blocks[name], e["format"], name, path)
+    return blocks, table_
 
 
 def plan(shapes: dict[str, tuple[int, ...]], weights: str, kept: dict[str, dict] | None = None,

@@ -16,6 +16,7 @@ from pathlib import Path
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from eagle_trt.engine.head_checks import TargetDims, check_head, config_int
 from eagle_trt.errors import CheckpointError, InputError
 from eagle_trt.interop.detect import NOTE_NAME
 from eagle_trt.interop.formats import format_named
@@ -73,8 +74,20 @@ def read_ours(src: Path) -> Head:
     target = read_json(target_dir / CONFIG) if target_dir is not None else {}
     target = target.get("text_config") or target
     layers = cfg.get("target_num_hidden_layers") or target.get("num_hidden_layers")
+    check_head(cfg, tensors, head_dir / WEIGHTS, head_dir / CONFIG, _target_dims(cfg, target, head_dir / CONFIG))
     return Head(tensors, cfg, hidden_prenorm=not mid, target_layers=layers, target_name=_target_name(src),
                 target_dir=target_dir, target_architectures=target.get("architectures"))
+
+
+def _target_dims(cfg: dict, target: dict, cfg_path: Path) -> TargetDims:
+    """The target the head is checked against: its own config.json beside the head, else what the head's config says
+    of it (a bare head dir)."""
+    src = target or {"hidden_size": cfg.get("target_hidden_size") or cfg.get("hidden_size"),
+                     "num_hidden_layers": cfg.get("target_num_hidden_layers"), "vocab_size": cfg.get("vocab_size")}
+    where = cfg_path if not target else "the target's config.json"
+    layers = src.get("num_hidden_layers")
+    return TargetDims(config_int(src, "hidden_size", where), None if layers is None else
+                      config_int(src, "num_hidden_layers", where), config_int(src, "vocab_size", where))
 
 
 def _complete_lm_head(head: Head, fmt_name: str, src: Path) -> None:

@@ -19,11 +19,13 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from eagle_trt.engine.datastore_file import DATASTORE_NAME
+from eagle_trt.engine.head_checks import TargetDims, check_head
 from eagle_trt.errors import CheckpointError
 from eagle_trt.interop.detect import NOTE_NAME, detect_format
 from eagle_trt.interop.formats import FORMATS
 from eagle_trt.interop.head_blocks import Q8_KEY, unpack_q8_0
 from eagle_trt.interop.layout import LLAMA_FIELDS, OURS, Head, our_ids_from, rename
+from eagle_trt.models import block_weights
 from eagle_trt.models.weights import load_safetensors, read_json
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
@@ -31,10 +33,15 @@ WEIGHTS, CONFIG = "model.safetensors", "config.json"
 
 def read_head_dir(head_dir: Path) -> tuple[dict, dict[str, torch.Tensor], dict | None]:
     """(config.json, tensors, eagle_trt.json or None) of a head dir; weights shipped as q8_0 rows
-    (`head_blocks.py`) come back de-quantized."""
+    (`head_blocks.py`), or kept in blocks by an engine's build, come back de-quantized."""
     note = head_dir / NOTE_NAME
     cfg, tensors = read_json(head_dir / CONFIG), load_safetensors(head_dir / WEIGHTS)
     tensors = unpack_q8_0(tensors, _metadata(head_dir / WEIGHTS), str(head_dir / WEIGHTS))
+    # an engine's draft built with draft_weights in blocks: blocks.json names them
+    for name, table in block_weights.read_table(head_dir).items():
+        if name in tensors:
+            rows = block_weights.BlockTensors({name: tensors[name]}, {name: table}, head_dir / WEIGHTS).pop(name)
+            tensors[name] = block_weights.dequantize(rows)
     return cfg, tensors, read_json(note) if note.is_file() else None
 
 
@@ -102,11 +109,15 @@ def load_head(head_dir: Path, target: dict) -> tuple[str, Head]:
     else:
         prenorm = fmt.double_norm
     ours = rename(rename(tensors, fmt.layer_prefix, OURS), "midlayer.", OURS)
-    ours.pop("t2d", None)
     if note is not None and note.get("lm_head_from_target"):
         ours.pop("lm_head.weight", None)
     config = _our_config(fmt_name, cfg, ids, target, source)
     _check_target(config, target, ours, source)
+    # what `build` checks of the head it writes, here before anything is: shapes, vocab maps (t2d against d2t
+    # before t2d is dropped: the runtime derives it), finite values
+    check_head(config, ours, head_dir / WEIGHTS, head_dir / CONFIG,
+               TargetDims(int(target["hidden_size"]), layers, int(target["vocab_size"])))
+    ours.pop("t2d", None)
     return fmt_name, Head(ours, config, prenorm, target_layers=layers)
 
 

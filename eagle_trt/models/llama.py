@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from eagle_trt.errors import CheckpointError
 from eagle_trt.models import block_weights, weight_cache
 from eagle_trt.models.kernel_api import Part
 from eagle_trt.models.kernels import choose_kernels
@@ -109,6 +110,7 @@ class LlamaTarget:
                                max_positions or spec.max_position_embeddings, dtype) if spec.local_layers else None
         self.aux_layer_ids: list[int] = []
         self._weights = self.kernels.target_weights(layers, norm)
+        self.source = "the model"  # what an error names: its dir, once `load` knows it
 
     @property
     def row_invariant(self) -> bool:
@@ -132,11 +134,13 @@ class LlamaTarget:
         model_dir = Path(model_dir)
         spec = TargetSpec.from_hf_config(read_json(model_dir / "config.json"), str(model_dir / "config.json"))
         kernels = choose_kernels(dtype, spec, block_compute=block_compute)
-        return weight_cache.load_or_make(
+        model = weight_cache.load_or_make(
             cache, role, kernels.cache_key,
             make=lambda: cls.from_state_dict(spec, model_tensors(model_dir, dtype), dtype, model_dir, kernels=kernels),
             state_of=lambda model: model.runtime_state(),
             restore=lambda tensors, meta: cls.from_runtime_state(spec, dtype, kernels, tensors, meta))
+        model.source = str(model_dir)
+        return model
 
     def runtime_state(self) -> tuple[dict[str, torch.Tensor], dict]:
         """Every tensor the forward reads, in the kernels' layout, and how to rebuild the model from them."""
@@ -292,8 +296,15 @@ class LlamaTarget:
         cos, sin = self.rope.tables(positions)
         parts = [self._part(r) for r in batch]
         local_rope = self.local_rope.tables(positions) if self.local_rope is not None else None
-        return self.kernels.decoder_stack(self._weights, spec=self.spec, x=x, cos=cos, sin=sin, parts=parts,
-                                          aux_layers=aux_layers if need_aux else [], local_rope=local_rope)
+        h, aux = self.kernels.decoder_stack(self._weights, spec=self.spec, x=x, cos=cos, sin=sin, parts=parts,
+                                            aux_layers=aux_layers if need_aux else [], local_rope=local_rope)
+        # Convert and build refuse non-finite weights, so inf or NaN here is overflow of finite ones (damaged blocks
+        # or values of absurd size): no token can be read from it. The check reads H values a row, where the forward
+        # did H multiply-adds for every weight.
+        if not bool(torch.isfinite(h).all()):
+            raise CheckpointError(f"{self.source}: the model's hidden states overflow to inf or NaN (its weights are "
+                                  f"finite but of absurd size); it cannot decode: rebuild it from an undamaged model")
+        return h, aux
 
     def _part(self, r: Rows) -> Part:
         """One request's rows as the kernels take them; with sliding-window layers, the slots' positions recorded in
