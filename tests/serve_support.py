@@ -1,7 +1,10 @@
 """`eagle-trt serve` processes for the tests: started on a free port of 127.0.0.1 over an engine the test built, asked
-over HTTP with bounded timeouts, stopped with SIGTERM; and a forwarder that makes a real server look flaky.
+over HTTP with bounded timeouts, stopped with SIGTERM; a forwarder that makes a real server look flaky; a /health
+probe that times every answer while a test loads the server; and requests written byte by byte on a raw socket.
 
     s = Server(engine, "--max-queue", "16"); status, body = s.post("/v1/completions", {...}); s.stop()
+    with HealthProbe(s.url) as probe: ...; assert probe.worst < 0.25
+    status, headers, body = raw_exchange(s.port, head, chunked([b"{...", b"...}"]))
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class Server:
                 pytest.fail(f"the server did not start: {line}")
         self.url = line.split(" on ")[1].split()[0]
         assert self.url.startswith("http://127.0.0.1:")
+        self.port = int(self.url.rsplit(":", 1)[1])
         threading.Thread(target=self.proc.stderr.read, daemon=True).start()  # keep its pipe drained
 
     def post(self, path: str, body, headers: dict | None = None) -> tuple[int, dict]:
@@ -134,3 +138,140 @@ class Flaky:
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+PROBE = """
+import sys, time, urllib.request
+url, every = sys.argv[1], float(sys.argv[2])
+while True:
+    t = time.perf_counter()
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=10) as r:
+            r.read()
+        print(time.perf_counter() - t, "ok", flush=True)
+    except Exception as e:
+        print(time.perf_counter() - t, repr(e).replace(chr(10), " "), flush=True)
+    time.sleep(every)
+"""
+
+
+class HealthProbe:
+    """GET /health every `every` seconds from a process of its own (so the test's own work does not slow the
+    probe) while the block runs: how many answered, the slowest (seconds, connection included), and any that
+    failed. `doing`, set by the test, is recorded beside the slowest."""
+
+    def __init__(self, url: str, every: float = 0.05):
+        self.url, self.every = url, every
+        self.latencies: list[float] = []
+        self.failures: list[str] = []
+        self.doing = ""
+        self.slowest_during = ""
+        self._proc: subprocess.Popen | None = None
+        self._reader = threading.Thread(target=self._read, daemon=True)
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            took, _, outcome = line.strip().partition(" ")
+            if outcome != "ok":
+                self.failures.append(f"{outcome} during {self.doing}")
+            if float(took) > self.worst:
+                self.slowest_during = self.doing
+            self.latencies.append(float(took))
+
+    def __enter__(self) -> "HealthProbe":
+        self._proc = subprocess.Popen([sys.executable, "-c", PROBE, self.url, str(self.every)],
+                                      stdout=subprocess.PIPE, text=True)
+        self._reader.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._proc.terminate()
+        self._proc.wait(15)
+        self._reader.join(15)
+
+    @property
+    def worst(self) -> float:
+        return max(self.latencies, default=0.0)
+
+
+def chunked(parts):
+    """A body in HTTP/1.1 chunked transfer encoding: one chunk per part, then the last (empty) chunk."""
+    for part in parts:
+        if part:
+            yield b"%x\r\n" % len(part) + part + b"\r\n"
+    yield b"0\r\n\r\n"
+
+
+def request_head(method: str, path: str, headers: dict) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def raw_exchange(port: int, head: bytes, body=(), timeout: float = TIMEOUT) -> tuple[int, dict, bytes]:
+    """One request on a fresh socket to 127.0.0.1: the head, then the body's pieces, while a thread reads the
+    answer, so an answer the server gives before it has read the whole body (413) is seen, and the sending stops
+    there. (status, headers, body); the answer ends at its content-length, at the last chunk, or when the server
+    closes."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    got, done = bytearray(), threading.Event()
+
+    def read() -> None:
+        try:
+            while not _complete(got):
+                data = sock.recv(65536)
+                if not data:
+                    break
+                got.extend(data)
+        except OSError:
+            pass  # reset after the answer (the server closes with the body unread) or timed out
+        done.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        for piece in [head, *body]:
+            if done.is_set() or _complete(got):
+                break
+            sock.sendall(piece)
+    except OSError:
+        pass  # the server answered and closed while the body was still being sent
+    done.wait(timeout)
+    sock.close()
+    return _parse_answer(bytes(got))
+
+
+def _final(data: bytes) -> bytes:
+    """The answer without the interim ones before it (100 Continue)."""
+    while re.match(rb"HTTP/1\.[01] 1\d\d[^\r]*\r\n(?:[^\r]+\r\n)*\r\n", data):
+        data = data.partition(b"\r\n\r\n")[2]
+    return data
+
+
+def _complete(data: bytearray) -> bool:
+    head, sep, rest = _final(bytes(data)).partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    m = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    if m:
+        return len(rest) >= int(m.group(1))
+    return rest.endswith(b"0\r\n\r\n") if re.search(rb"(?im)^transfer-encoding:\s*chunked", head) else False
+
+
+def _parse_answer(data: bytes) -> tuple[int, dict, bytes]:
+    head, _, rest = _final(data).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    if not lines[0].startswith("HTTP/1."):
+        return 0, {}, data  # no answer
+    headers = dict(line.split(":", 1) for line in lines[1:] if ":" in line)
+    headers = {k.strip().lower(): v.strip() for k, v in headers.items()}
+    if headers.get("transfer-encoding") == "chunked":
+        body, rest = bytearray(), bytes(rest)
+        while rest:
+            size, _, rest = rest.partition(b"\r\n")
+            n = int(size.split(b";")[0] or b"0", 16)
+            if n == 0:
+                break
+            body += rest[:n]
+            rest = rest[n + 2:]
+        rest = bytes(body)
+    return int(lines[0].split()[1]), headers, rest

@@ -249,4 +249,14 @@ def test_eagle_trt_serve_on_a_bundle_runs_its_serve_sh(bundles, fake_tools, tmp_
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == "8123"
     refused = subprocess.run([sys.executable, "-m", "eagle_trt", "serve", "--engine", str(root), "--api-key", "k"],
                              cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
-    assert refused.returncode == 2 and "--api-key" in refused.stderr
+    assert refused.returncode == 2 and "--api-key" in refused.stderr and "reverse proxy" in refused.stderr
+    # trtllm-serve checks no key: an address other than loopback only when the user says a proxy guards it.
+    exposed = [sys.executable, "-m", "eagle_trt", "serve", "--engine", str(root), "--host", "0.0.0.0", "--port", "8123"]
+    refused = subprocess.run(exposed, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 2 and "reverse proxy" in refused.stderr and "--allow-unauthenticated" in refused.stderr
+    allowed = subprocess.run([*exposed, "--allow-unauthenticated"], cwd=Path(__file__).resolve().parents[1],
+                             capture_output=True, text=True, timeout=120)  # the fake trtllm-serve binds nothing
+    assert allowed.returncode == 0, allowed.stderr
+    argv = json.loads(fake_tools.read_text())["argv"]
+    assert argv[argv.index("--host") + 1] == "0.0.0.0"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import sys
 from pathlib import Path
@@ -18,7 +19,8 @@ from eagle_trt.safetensors_stream import parse_size
 def serve(
     engine: EngineOpt,
     host: Annotated[str, typer.Option(help="Address to bind. 127.0.0.1 (this machine only) unless you mean "
-                                      "otherwise; anything else should sit behind --api-key and a proxy.")] = "127.0.0.1",
+                                      "otherwise; any other address needs --api-key (or --allow-unauthenticated).")]
+    = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0 picks a free one and prints it).")] = 8000,
     max_batch: Annotated[int, typer.Option(
         help="Requests decoded together: each engine step is one target forward over all of them.")] = 8,
@@ -30,7 +32,11 @@ def serve(
         "--no-batch-sizing", help="Every request drafts its configured tree, whatever the batch.")]
     = False,
     api_key: Annotated[Optional[str], typer.Option(
-        envvar="EAGLE_TRT_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/* (also EAGLE_TRT_API_KEY).")] = None,
+        envvar="EAGLE_TRT_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/* (also EAGLE_TRT_API_KEY); "
+        "/health and /metrics stay open, as vLLM's do.")] = None,
+    allow_unauthenticated: Annotated[bool, typer.Option(
+        "--allow-unauthenticated", help="Serve an address other than loopback without --api-key (behind a proxy "
+        "that checks clients itself).")] = False,
     model_name: Annotated[Optional[str], typer.Option(
         "--model-name", help="The model id clients ask for (default: the engine's name).")] = None,
     drain_seconds: Annotated[float, typer.Option(
@@ -53,17 +59,41 @@ def serve(
              -d '{"model": "smollm2-135m-eagle3", "messages": [{"role": "user", "content": "Hi"}]}'
     """
     handle_errors(_serve)(engine, host, port, max_queue, api_key, model_name, drain_seconds, skip_verify, threads,
-                          max_batch, kv_cache_memory, not no_batch_sizing)
+                          max_batch, kv_cache_memory, not no_batch_sizing, allow_unauthenticated)
 
 
-def _exec_bundle_serve(root: Path, host: str, port: int, api_key: str | None) -> None:
+# How a bundle's server is protected: trtllm-serve checks no key of eagle-trt's.
+BUNDLE_PROTECTION = ("serve the bundle on 127.0.0.1 (the default) behind a reverse proxy that checks clients (an API "
+                     "key or TLS client certificates), and open only the proxy to the network")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding host keeps the server to this machine (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
+
+
+def check_exposure(host: str, api_key: str | None, allow_unauthenticated: bool) -> None:
+    """An address other than loopback without a key is refused unless the user says it is meant."""
+    if api_key is None and not allow_unauthenticated and not is_loopback(host):
+        raise InputError(f"--host {host} is reachable from other machines: give --api-key KEY (or "
+                         "EAGLE_TRT_API_KEY), or --allow-unauthenticated if a proxy in front checks clients")
+
+
+def _exec_bundle_serve(root: Path, host: str, port: int, api_key: str | None, allow_unauthenticated: bool) -> None:
     """A TensorRT-LLM bundle serves with trtllm-serve through its own serve.sh: this process becomes that one."""
     script = root / "serve.sh"
     if not script.is_file():
         raise InputError(f"'{root}' is a TensorRT-LLM bundle without serve.sh; rebuild it with `eagle-trt build`")
     if api_key is not None:
-        raise InputError("--api-key: trtllm-serve takes no API key from eagle-trt; put the bundle's server behind a "
-                         "proxy that checks one")
+        raise InputError(f"--api-key: trtllm-serve checks no API key of eagle-trt's; {BUNDLE_PROTECTION}")
+    if not allow_unauthenticated and not is_loopback(host):
+        raise InputError(f"--host {host}: trtllm-serve checks no API key; {BUNDLE_PROTECTION} (or pass "
+                         "--allow-unauthenticated)")
     if port == 0:
         raise InputError("--port 0: trtllm-serve needs a fixed port")
     sys.stdout.flush()
@@ -88,11 +118,11 @@ def _draining_server_class():
 
 
 def _serve(engine, host, port, max_queue, api_key, model_name, drain_seconds, skip_verify, threads, max_batch=8,
-           kv_cache_memory=None, size_trees=True) -> None:
+           kv_cache_memory=None, size_trees=True, allow_unauthenticated=False) -> None:
     # Imported here: the server stack and the session pull in torch, FastAPI and uvicorn, which the other commands
     # should not wait for; FastAPI, uvicorn and prometheus-client are the optional `serve` extra.
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 - imported by _run; checked here, before the engine is opened
 
         from eagle_trt.serve.app import make_app
         from eagle_trt.serve.worker import EngineWorker
@@ -103,10 +133,13 @@ def _serve(engine, host, port, max_queue, api_key, model_name, drain_seconds, sk
     from eagle_trt.models import huge_pages
     from eagle_trt.runtime.session import Session
 
-    _DrainingServer = _draining_server_class()
-
     if not 0 <= port <= 65535:
         raise InputError(f"--port must be in [0, 65535], got {port}")
+    require_engine(engine)
+    if open_engine(engine, verify=False).config.backend != "torch":  # the manifest says; the bundle is verified next
+        _exec_bundle_serve(Path(open_engine(engine, verify=not skip_verify).root), host, port, api_key,
+                           allow_unauthenticated)
+    check_exposure(host, api_key, allow_unauthenticated)
     if max_queue < 1:
         raise InputError(f"--max-queue must be >= 1, got {max_queue}")
     if drain_seconds < 0:
@@ -119,9 +152,6 @@ def _serve(engine, host, port, max_queue, api_key, model_name, drain_seconds, sk
             kv_budget = parse_size(kv_cache_memory)
         except ValueError as e:
             raise InputError(f"--kv-cache-memory: {e}") from None
-    require_engine(engine)
-    if open_engine(engine, verify=False).config.backend != "torch":  # the manifest says; the bundle is verified next
-        _exec_bundle_serve(Path(open_engine(engine, verify=not skip_verify).root), host, port, api_key)
 
     def open_session() -> Session:
         apply_threads(threads)
@@ -132,14 +162,22 @@ def _serve(engine, host, port, max_queue, api_key, model_name, drain_seconds, sk
                           size_trees=size_trees)
     session = worker.start_and_wait()  # the engine thread opens it: only that thread runs the model
     name = model_name or session.config.name
-    config = uvicorn.Config(make_app(session, worker, name, api_key), host=host, port=port, log_level="warning",
-                            timeout_graceful_shutdown=int(drain_seconds), limit_concurrency=max_queue + 16)
-    server = _DrainingServer(config)
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    if not is_loopback(host):
         err_console.print(f"Warning: binding {host}: reachable from other machines"
                           + ("" if api_key else " with no --api-key"), markup=False)
+    _run(make_app(session, worker, name, api_key), worker, name, host, port, drain_seconds, max_queue)
 
-    _announce = server.startup
+
+def _run(app, worker, name: str, host: str, port: int, drain_seconds: float, max_queue: int) -> None:
+    """uvicorn on the app until SIGTERM/SIGINT, then the drain: the engine takes no new request (503, and /health
+    says draining), a request still sending its body is answered 503, idle connections are closed, and the running
+    answers get drain_seconds to finish."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                            timeout_graceful_shutdown=int(drain_seconds), limit_concurrency=max_queue + 16)
+    server = _draining_server_class()(config)
+    _announce, _shutdown = server.startup, server.shutdown
 
     async def startup(sockets=None):
         await _announce(sockets)
@@ -147,7 +185,12 @@ def _serve(engine, host, port, max_queue, api_key, model_name, drain_seconds, sk
         where = ", ".join(f"http://{a[0]}:{a[1]}" for a in bound)
         err_console.print(f"serving '{name}' on {where} (Ctrl-C to stop)", markup=False)
 
-    server.startup = startup
+    async def shutdown(sockets=None):
+        worker.stop()
+        app.state.draining.set()
+        await _shutdown(sockets)
+
+    server.startup, server.shutdown = startup, shutdown
     try:
         server.run()
     finally:

@@ -3,6 +3,11 @@ health and Prometheus metrics, on FastAPI. The engine runs in its own thread (wo
 
     app = make_app(session, worker, name="tiny", api_key=None)
     uvicorn.run(app, host="127.0.0.1", port=8000)
+    app.state.draining.set()   # on SIGTERM: requests still sending their body are answered 503
+
+The event loop only moves bytes: the body is bounded as it arrives (guard.py), and parsing, validating, chat
+templating and tokenizing run in worker threads, after the prompt's length is checked against the longest text
+max_input_len tokens can spell, so no request holds up /health or the streams of others.
 """
 
 from __future__ import annotations
@@ -11,27 +16,35 @@ import asyncio
 import json
 import time
 import uuid
+from functools import partial
 
+import jinja2
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from eagle_trt.errors import EagleError
 from eagle_trt.prompt_sources import prompt_ids
 from eagle_trt.runtime.session import Session
-from eagle_trt.serve.wire import ApiError, ChatRequest, CompletionRequest, usage
+from eagle_trt.serve.guard import Guard
+from eagle_trt.serve.wire import UNION_RULES, ApiError, ChatRequest, CompletionRequest, usage
 from eagle_trt.serve.worker import EngineWorker, Finished
 
 MAX_BODY = 4 * 2**20  # bytes a request body may have
+NORMALIZER_SLACK = 4
+CLIENT_GONE = 499  # the status logged for a request whose client left before its answer (nginx's; never sent)
 
 
 def make_app(session: Session, worker: EngineWorker, name: str, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="eagle-trt", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
-    _guard(app, api_key)
+    app.state.draining = asyncio.Event()
+    app.add_middleware(Guard, api_key=api_key, max_body=MAX_BODY, draining=app.state.draining)
     _errors(app)
+    max_chars = max_prompt_chars(session)
 
     @app.get("/health")
     async def health():
@@ -49,37 +62,77 @@ def make_app(session: Session, worker: EngineWorker, name: str, api_key: str | N
                                             "owned_by": "eagle-trt"}]}
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatRequest):
+    async def chat(request: Request):
+        body = await _parse(request, ChatRequest)
+        _bound(body, session, max_chars, "messages")
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        encode = lambda: prompt_ids(session.tokenizer, messages, chat=True)  # noqa: E731
-        return await _complete(session, worker, name, body, encode, chat=True)
+        encode = partial(prompt_ids, session.tokenizer, messages, chat=True)
+        return await _complete(request, session, worker, name, body, encode, chat=True)
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
-        encode = lambda: _token_prompt(session, body.prompt) if isinstance(body.prompt, list) else prompt_ids(  # noqa: E731
-            session.tokenizer, body.prompt, chat=False)
-        return await _complete(session, worker, name, body, encode, chat=False)
+    async def completions(request: Request):
+        body = await _parse(request, CompletionRequest)
+        _bound(body, session, max_chars, "prompt")
+        encode = (partial(_token_prompt, session, body.prompt) if isinstance(body.prompt, list)
+                  else partial(prompt_ids, session.tokenizer, body.prompt, chat=False))
+        return await _complete(request, session, worker, name, body, encode, chat=False)
 
     return app
 
 
-def _guard(app: FastAPI, api_key: str | None) -> None:
-    """/v1/*: the API key (when the server has one) and the body size, before anything is parsed."""
+def max_prompt_chars(session: Session) -> int:
+    """The longest prompt text that can be max_input_len tokens: no token spells more characters than the longest
+    entry of the vocabulary (byte-level entries spell one byte a character), so a longer text is too long for the
+    engine before it is tokenized. Times NORMALIZER_SLACK: a normalizer (NFC, NFKC) may compose several characters
+    into one before the tokenizer sees them."""
+    longest = max(map(len, session.tokenizer.get_vocab()), default=1)
+    return max(longest, 1) * session.config.max_input_len * NORMALIZER_SLACK
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        if request.url.path.startswith("/v1/"):
-            if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
-                return _error(ApiError(401, "a valid API key is required (Authorization: Bearer KEY)",
-                                       kind="authentication_error"))
-            length = request.headers.get("content-length")
-            if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
-                return _error(ApiError(413, f"the request body is larger than {MAX_BODY} bytes"))
-        return await call_next(request)
+
+def _bound(body, session: Session, max_chars: int, param: str) -> None:
+    """A prompt longer than any max_input_len tokens can spell, or of more token ids than that, is a 400 before it
+    is templated or tokenized."""
+    max_input_len = session.config.max_input_len
+    ids = isinstance(getattr(body, "prompt", None), list)
+    limit, unit = (max_input_len, "token ids") if ids else (max_chars, "characters")
+    if body.text_length > limit:
+        raise ApiError(400, f"the prompt has {body.text_length} {unit}, more than this engine's max_input_len of "
+                            f"{max_input_len} tokens can hold", param)
+
+
+async def _parse(request: Request, model):
+    """The body as the request model, parsed and validated off the event loop; a 400 naming the first problem."""
+    raw = await request.body()
+    try:
+        return await asyncio.to_thread(model.model_validate_json, raw)
+    except ValidationError as e:
+        raise ApiError(400, *_validation_message(e.errors(include_url=False, include_input=False))) from None
+
+
+def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    """(message, param) for the first of pydantic's errors: `field.path: what is wrong`. A union's member tags
+    ('str', 'list[int]') are left out of the path; a type error inside a union says what the field may be."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
+    if first.get("type") == "json_invalid":
+        why = first.get("ctx", {}).get("error")
+        return "the request body is not valid JSON" + (f" ({why})" if why else ""), None
+    if first.get("type") == "model_type":
+        return "the request body must be a JSON object", None
+    loc = first.get("loc", ())
+    path = [str(x) for x in loc if x != "body" and (isinstance(x, int) or (x.isidentifier() and x not in TAGS))]
+    msg = first["msg"].removeprefix("Value error, ")
+    named = [x for x in path if not x.isdigit()]
+    if len(path) < len(loc) and named and named[-1] in UNION_RULES and first.get("type", "").endswith("_type"):
+        msg = UNION_RULES[named[-1]]
+    param = ".".join(path) or None
+    return f"{param + ': ' if param else ''}{msg}", param
+
+
+TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}  # how pydantic names a union's members in a loc
 
 
 def _errors(app: FastAPI) -> None:
-    """Every error in OpenAI's shape: ours, the request model's validation, and the framework's (404, 405, ...)."""
+    """Every error in OpenAI's shape: ours, a request model's validation, and the framework's (404, 405, ...)."""
 
     @app.exception_handler(ApiError)
     async def api_error(_, e: ApiError):
@@ -87,41 +140,30 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_, e: RequestValidationError):
-        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request", "type": ""}
-        if first.get("type") == "json_invalid":
-            return _error(ApiError(400, "the request body is not valid JSON"))
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        msg = first["msg"].removeprefix("Value error, ")
-        return _error(ApiError(400, f"{'.'.join(loc) + ': ' if loc else ''}{msg}", ".".join(loc) or None))
+        return _error(ApiError(400, *_validation_message(list(e.errors()))))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_, e: StarletteHTTPException):
         return _error(ApiError(e.status_code, str(e.detail)))
 
 
-async def _complete(session: Session, worker: EngineWorker, name: str, body, encode, chat: bool):
+async def _complete(request: Request, session: Session, worker: EngineWorker, name: str, body, encode, chat: bool):
     """One completion request: checked, queued, then streamed back or collected whole."""
     if body.model not in (None, name):
-        raise ApiError(404, f"the model '{body.model}' does not exist; this server serves '{name}'", "model",
+        shown = body.model if len(body.model) <= 100 else body.model[:100] + "..."
+        raise ApiError(404, f"the model '{shown}' does not exist; this server serves '{name}'", "model",
                        code="model_not_found")
-    ids, config = _prepare(session, worker, body, encode)
+    ids = await _encode(encode)
+    config = _prepare(session, worker, body, ids)
     job = worker.submit(ids, config, body.stops, asyncio.get_running_loop())
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     head = {"id": rid, "created": int(time.time()), "model": name}
     if body.stream:
         return StreamingResponse(_stream(job, head, chat, body.include_usage), media_type="text/event-stream")
-    text, done = [], None
-    try:
-        async for kind, value in job.events():
-            if kind == "text":
-                text.append(value)
-            elif kind == "error":
-                raise value
-            else:
-                done = value
-    finally:
-        job.cancel()  # a no-op once done; frees the engine when the client went away
-    content = "".join(text)
+    collected = await _collect(job, request)
+    if collected is None:
+        return Response(status_code=CLIENT_GONE)
+    content, done = collected
     choice = ({"index": 0, "message": {"role": "assistant", "content": content}} if chat
               else {"index": 0, "text": content, "logprobs": None})
     choice["finish_reason"] = done.finish_reason
@@ -129,6 +171,44 @@ async def _complete(session: Session, worker: EngineWorker, name: str, body, enc
         choice.update(prompt_token_ids=list(ids), token_ids=list(done.token_ids))
     return {**head, "object": "chat.completion" if chat else "text_completion", "choices": [choice],
             "usage": usage(done.prompt_tokens, done.completion_tokens), "eagle_trt": _extension(done)}
+
+
+async def _encode(encode) -> list[int]:
+    """The prompt's token ids, templated and tokenized in a worker thread (the engine has its own thread; the
+    tokenizer's encode and the template's rendering may run beside it)."""
+    try:
+        return await asyncio.to_thread(encode)
+    except EagleError as e:
+        raise ApiError(400, str(e)) from None
+    except jinja2.TemplateError as e:  # the chat template's raise_exception: roles out of order, ...
+        raise ApiError(400, f"the chat template refused these messages: {e}", "messages") from None
+
+
+async def _collect(job, request: Request) -> tuple[str, Finished] | None:
+    """A whole (not streamed) answer: its text and end; None when the client disconnected first, in which case the
+    job is cancelled at once and the engine drops it within one step."""
+    async def answer():
+        text = []
+        async for kind, value in job.events():
+            if kind == "text":
+                text.append(value)
+            elif kind == "error":
+                raise value
+            else:
+                return "".join(text), value
+
+    async def disconnect():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    answered, gone = asyncio.ensure_future(answer()), asyncio.ensure_future(disconnect())
+    try:
+        await asyncio.wait({answered, gone}, return_when=asyncio.FIRST_COMPLETED)
+        return answered.result() if answered.done() else None
+    finally:
+        answered.cancel()
+        gone.cancel()
+        job.cancel()  # a no-op once done; frees the engine when the client went away
 
 
 def _token_prompt(session: Session, ids: list[int]) -> list[int]:
@@ -140,11 +220,9 @@ def _token_prompt(session: Session, ids: list[int]) -> list[int]:
     return list(ids)
 
 
-def _prepare(session: Session, worker: EngineWorker, body, encode):
-    """The request's ids and decode settings, checked against the engine (and the KV budget) before anything is
-    queued."""
+def _prepare(session: Session, worker: EngineWorker, body, ids: list[int]):
+    """The request's decode settings, checked against the engine (and the KV budget) before anything is queued."""
     try:
-        ids = encode()
         cfg = session.config
         limit = body.limit if body.limit is not None else cfg.max_output_len
         if limit > cfg.max_output_len:
@@ -155,7 +233,7 @@ def _prepare(session: Session, worker: EngineWorker, body, encode):
         worker.check(ids, config)
     except EagleError as e:
         raise ApiError(400, str(e)) from None
-    return ids, config
+    return config
 
 
 async def _stream(job, head: dict, chat: bool, include_usage: bool):
@@ -194,5 +272,6 @@ def _extension(done: Finished) -> dict:
             "verify_steps": m.get("verify_steps"), "accepted_draft_tokens": done.accepted_draft_tokens}
 
 
-def _error(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+def _error(e: ApiError) -> Response:
+    # ASCII-escaped: a message quoting the client's text can always be encoded.
+    return Response(json.dumps(e.body()), status_code=e.status, media_type="application/json")

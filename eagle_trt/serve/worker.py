@@ -20,14 +20,17 @@ the thread that first used them at full speed, and another thread's calls at a t
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import threading
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
 from eagle_trt import timing
 from eagle_trt.config.decode import DecodeConfig
-from eagle_trt.errors import EagleError
+from eagle_trt.errors import CheckpointError, EagleError
 from eagle_trt.runtime.batch import BatchRunner
 from eagle_trt.runtime.session import Session, TextStream
 from eagle_trt.runtime.verify_cost import default_sizes, forward_curve
@@ -36,6 +39,7 @@ from eagle_trt.serve.stops import StopScanner
 from eagle_trt.serve.wire import ApiError
 from eagle_trt.speculative.batch_sizing import CostCurve
 
+log = logging.getLogger("eagle_trt.serve")
 FINISH = {"eos": "stop", "stopped": "stop", "length": "length", "context": "length"}
 
 
@@ -230,6 +234,14 @@ class EngineWorker(threading.Thread):
 
 
 def _api_error(e: Exception) -> ApiError:
+    """What a request's client is told when its step failed: the engine's own one-line message where there is one
+    (400 for the request, 500 for the model), else an id to find the exception in the server's log (no internals
+    go to the client)."""
+    if isinstance(e, CheckpointError):  # the model itself failed (e.g. hidden states that overflow): not the request
+        return ApiError(500, str(e), kind="server_error")
     if isinstance(e, EagleError):  # a request the engine cannot take (too long for its context, ...)
         return ApiError(400, str(e))
-    return ApiError(500, f"{type(e).__name__}: {e}", kind="server_error")
+    eid = uuid.uuid4().hex[:12]
+    log.error("error %s in the engine step: %s: %s", eid, type(e).__name__, e,
+              exc_info=os.environ.get("EAGLE_TRT_DEBUG") == "1")
+    return ApiError(500, f"internal error (id {eid}); the server's log has its details", kind="server_error")
