@@ -3,7 +3,7 @@ over HTTP with bounded timeouts, stopped with SIGTERM; a forwarder that makes a 
 probe that times every answer while a test loads the server; and requests written byte by byte on a raw socket.
 
     s = Server(engine, "--max-queue", "16"); status, body = s.post("/v1/completions", {...}); s.stop()
-    with HealthProbe(s.url) as probe: ...; assert probe.worst < 0.25
+    with HealthProbe(s.url, pid=s.proc.pid) as probe: ...; assert probe.held(0.25) < 0.25
     status, headers, body = raw_exchange(s.port, head, chunked([b"{...", b"...}"]))
 """
 
@@ -141,16 +141,26 @@ class Flaky:
 
 
 PROBE = """
-import sys, time, urllib.request
-url, every = sys.argv[1], float(sys.argv[2])
+import os, sys, time, urllib.request
+url, every, pid = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+TICK = os.sysconf("SC_CLK_TCK")
+def loop_cpu():
+    # utime + stime of the server's main thread (its event loop), in seconds; nan where /proc cannot say
+    try:
+        with open(f"/proc/{pid}/task/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK
+    except (OSError, ValueError, IndexError):
+        return float("nan")
 while True:
-    t = time.perf_counter()
+    t, c = time.perf_counter(), loop_cpu()
     try:
         with urllib.request.urlopen(url + "/health", timeout=10) as r:
             r.read()
-        print(time.perf_counter() - t, "ok", flush=True)
+        outcome = "ok"
     except Exception as e:
-        print(time.perf_counter() - t, repr(e).replace(chr(10), " "), flush=True)
+        outcome = repr(e).replace(chr(10), " ")
+    print(time.perf_counter() - t, loop_cpu() - c, outcome, flush=True)
     time.sleep(every)
 """
 
@@ -158,11 +168,18 @@ while True:
 class HealthProbe:
     """GET /health every `every` seconds from a process of its own (so the test's own work does not slow the
     probe) while the block runs: how many answered, the slowest (seconds, connection included), and any that
-    failed. `doing`, set by the test, is recorded beside the slowest."""
+    failed. `doing`, set by the test, is recorded beside the slowest.
 
-    def __init__(self, url: str, every: float = 0.05):
-        self.url, self.every = url, every
+    With the server's `pid`, each probe also records the CPU time the server's event-loop thread (its main thread)
+    spent while the probe waited. A loop held by work (a body parsed, a prompt tokenized on it) spends that whole
+    wait on the CPU; a server that merely waited for a core on a loaded machine spends little of it. `held` is the
+    slowest probe of the first kind, the one a test bounds: the verdict is then the server's, not the machine's
+    load's (README, "Tests")."""
+
+    def __init__(self, url: str, every: float = 0.05, pid: int | None = None):
+        self.url, self.every, self.pid = url, every, pid
         self.latencies: list[float] = []
+        self.loop_cpu: list[float] = []  # per probe: the event loop's CPU seconds during it (nan: unknown)
         self.failures: list[str] = []
         self.doing = ""
         self.slowest_during = ""
@@ -171,15 +188,29 @@ class HealthProbe:
 
     def _read(self) -> None:
         for line in self._proc.stdout:
-            took, _, outcome = line.strip().partition(" ")
+            took, cpu, outcome = line.strip().split(" ", 2)
             if outcome != "ok":
                 self.failures.append(f"{outcome} during {self.doing}")
             if float(took) > self.worst:
                 self.slowest_during = self.doing
             self.latencies.append(float(took))
+            self.loop_cpu.append(float(cpu))
+
+    def held(self, bound: float) -> float:
+        """The slowest probe whose wait the event loop spent at least half of on the CPU (every probe where the
+        loop's CPU time is unknown): what `bound` applies to."""
+        return max((t for t, c in zip(self.latencies, self.loop_cpu) if not c < bound / 2), default=0.0)
+
+    def describe(self) -> str:
+        """The slowest probe, and how much of its wait the server's event loop spent on the CPU."""
+        i = max(range(len(self.latencies)), key=self.latencies.__getitem__, default=None)
+        if i is None:
+            return "no probe answered"
+        return (f"slowest {1000 * self.latencies[i]:.0f} ms, of which the event loop ran {1000 * self.loop_cpu[i]:.0f}"
+                f" ms on the CPU (during {self.slowest_during})")
 
     def __enter__(self) -> "HealthProbe":
-        self._proc = subprocess.Popen([sys.executable, "-c", PROBE, self.url, str(self.every)],
+        self._proc = subprocess.Popen([sys.executable, "-c", PROBE, self.url, str(self.every), str(self.pid or 0)],
                                       stdout=subprocess.PIPE, text=True)
         self._reader.start()
         return self

@@ -59,7 +59,7 @@ def server(engine):
 
 @pytest.fixture(scope="module")
 def probe(server):
-    with HealthProbe(server.url) as p:
+    with HealthProbe(server.url, pid=server.proc.pid) as p:
         yield p
 
 
@@ -270,10 +270,13 @@ def test_long_run(long_run, server, probe, solo, greedy, broken, data, path, hea
 def test_health_answered_promptly_throughout(probe, request):
     """Runs last: the slowest /health answer while every input above was sent, and how many inputs there were."""
     summary = (f"server fuzz: {sum(SEEN.values())} inputs (statuses {dict(sorted(SEEN.items()))}); /health asked "
-               f"{len(probe.latencies)} times, slowest {1000 * probe.worst:.0f} ms (during {probe.slowest_during})")
+               f"{len(probe.latencies)} times, {probe.describe()}; slowest the loop held: "
+               f"{1000 * probe.held(HEALTH_BOUND):.0f} ms")
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(summary)
     print(summary)
     assert not probe.failures, probe.failures[:3]
-    assert probe.worst < HEALTH_BOUND, summary
+    # Bounded where the server's event loop held the probe (its CPU time during the wait), not where a loaded
+    # machine gave the server no core: that is the machine's verdict, not the server's (serve_support.HealthProbe).
+    assert probe.held(HEALTH_BOUND) < HEALTH_BOUND, summary

@@ -79,14 +79,15 @@ def test_a_large_body_is_refused_and_health_answers_meanwhile(server, framing, s
     else:
         headers["content-length"] = str(sum(map(len, pieces)))
         body = pieces
-    with HealthProbe(server.url) as probe:
+    with HealthProbe(server.url, pid=server.proc.pid) as probe:
         time.sleep(0.2)
         status, _, answer = raw_exchange(server.port, request_head("POST", "/v1/chat/completions", headers), body)
         time.sleep(0.2)
     error = openai_error(status, answer, code)
     assert ("larger than" if code == 413 else "max_input_len") in error["message"]
     assert not probe.failures and len(probe.latencies) >= 4
-    assert probe.worst < HEALTH_BOUND, f"/health took {probe.worst:.3f} s"
+    # The loop's own CPU time tells a loop held by work (tokenizing on it) from a server a loaded machine starved.
+    assert probe.held(HEALTH_BOUND) < HEALTH_BOUND, probe.describe()
 
 
 # ---- 2. a whole answer stops when its client leaves -------------------------------------------------------------
