@@ -17,12 +17,13 @@ import argparse
 import json
 import multiprocessing
 import os
-import platform
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from eagle_trt.cli.bench_serve_cmd import cpu_name
 
 REPO = Path(__file__).resolve().parents[1]
 # The tests whose decode policies read the clock: the copy gate, prompt lookup, continuous batching, the end of
@@ -47,16 +48,6 @@ def counts(output: str) -> dict[str, int]:
     for n, kind in SUMMARY.findall(lines[-1] if lines else ""):
         out["error" if kind == "errors" else kind] += int(n)
     return out
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def run_round(tests: list[str], clock: str, seed: int, timeout: float, extra: list[str]) -> dict:

@@ -73,7 +73,7 @@ def _bench_serve(engine, url, model, prompts, limit, concurrency, requests, max_
     else:
         results = _run(url, model, chats, levels, max_tokens, requests, api_key, progress, repeats)
     results["ratios"] = ratios(results["levels"])
-    results.update(cpu=_cpu(), max_tokens=max_tokens, requests=requests, prompts=prompts,
+    results.update(cpu=cpu_name(), max_tokens=max_tokens, requests=requests, prompts=prompts,
                    command=" ".join(["eagle-trt", "bench-serve", *sys.argv[2:]]))
     if out is not None:
         (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
@@ -106,7 +106,8 @@ def _first_model(url: str, api_key: str | None) -> str:
         raise InputError(f"{url}/v1/models did not list a model ({e}); pass --model") from None
 
 
-def _cpu() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (what a benchmark or stress run names beside its numbers)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
