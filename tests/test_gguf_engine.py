@@ -11,7 +11,7 @@ from safetensors import safe_open
 
 from eagle_trt.convert.gguf_blocks import read_blocks
 from eagle_trt.convert.keep_blocks import keep_blocks
-from eagle_trt.engine.builder import copy_weights
+from eagle_trt.engine.weight_copy import copy_weights
 from eagle_trt.models import block_weights
 from eagle_trt.models.llama import LlamaTarget, model_tensors
 from eagle_trt.models.native.kernels import NativeKernels
