@@ -52,6 +52,10 @@ def test_bench_runs_every_method_and_writes_the_report(engine, prompt_file, tmp_
     assert res["summary"]["tree-lookup"]["lookup_accepted"] > 0  # the raw "abc abc abc" prompt repeats itself
     tree = res["summary"]["tree"]
     assert tree["acceptance_length"] >= 1 and tree["draft_ms_per_step"] > 0 and tree["acceptance_per_depth"]
+    plain_ms = 1e3 / res["summary"]["ar"]["tokens_per_second"]["median"]
+    assert tree["verify_over_plain_step"] == pytest.approx(tree["verify_ms_per_step"] / plain_ms)
+    assert "verify_over_plain_step" not in res["summary"]["hf"]
+    assert "verify/plain" in r.stdout and "target forward by rows" in r.stdout
     assert res["summary"]["hf"]["acceptance_length"] is None
     sp = res["speedups"]["tree"]["ar"]
     assert 0 < sp["min"] <= sp["median"]
@@ -63,6 +67,7 @@ def test_bench_runs_every_method_and_writes_the_report(engine, prompt_file, tmp_
         assert (out / name).stat().st_size > 0, name
     md = (out / "report.md").read_text()
     assert "Lossless: all 18" in md and "came from the prompt-lookup branch" in md and "## Roofline" in md and "| c | `tree` |" in md
+    assert "verify ÷ plain step" in md
 
 
 def test_a_prompt_longer_than_the_engine_is_cut_and_said_so(engine, tmp_path):
@@ -189,6 +194,24 @@ def test_output_checks_follow_the_reference_map():
     custom = check_outputs(runs, {"8x2x6/fallback0": ("ar", True)})
     assert [(c["method"], c["match"], c["fatal"], c["first_difference"]) for c in custom] == [
         ("8x2x6/fallback0", False, True, 1)]
+
+
+def test_plain_step_ratios_put_verify_and_draft_in_plain_steps():
+    summary = {"ar": {"tokens_per_second": {"median": 20.0}, "verify_ms_per_step": None, "draft_ms_per_step": None},
+               "tree": {"tokens_per_second": {"median": 30.0}, "verify_ms_per_step": 125.0, "draft_ms_per_step": 25.0},
+               "hf": {"tokens_per_second": {"median": 10.0}}}
+    assert stats.plain_step_ratios(summary) == {"tree": {"verify": 2.5, "draft": 0.5}}  # a plain step: 50 ms
+    assert stats.plain_step_ratios({"tree": summary["tree"]}) == {}  # no plain run, no unit
+    assert stats.plain_step_ratios({**summary, "ar": {"tokens_per_second": {"median": 0.0}}}) == {}
+
+
+def test_the_curve_line_names_rows_ms_and_ratios():
+    from eagle_trt.bench.report import curve_line
+
+    line = curve_line({"context_tokens": 40, "forward_ms": {"4": 12.0, "1": 10.0, "16": 25.0}})
+    assert line == ("target forward by rows (40 cached tokens): 1: 10.0 ms, 4: 12.0 ms (1.20×), "
+                    "16: 25.0 ms (2.50×)")
+    assert curve_line(None) is None and curve_line({"forward_ms": {}}) is None
 
 
 def test_interpolate():

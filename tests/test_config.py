@@ -131,6 +131,20 @@ def test_fp8_kv_cache_on_either_backend(tmp_path):
         assert cfg.resolved_kv_cache_dtype == "fp8"
 
 
+def test_weights_default_to_a_gguf_s_own_blocks_and_to_float_for_trtllm(tmp_path):
+    """weights / draft_weights default to auto (a GGUF keeps its blocks, a float checkpoint stays float); for
+    backend trtllm auto is float, and a quantizing format is refused there."""
+    cfg = load_config(write(tmp_path, "name: x\n"))
+    assert (cfg.weights, cfg.draft_weights) == ("auto", "auto")
+    assert (cfg.resolved_weights, cfg.resolved_draft_weights) == ("auto", "auto")
+    trt = load_config(write(tmp_path, "backend: trtllm\n"))
+    assert (trt.resolved_weights, trt.resolved_draft_weights) == ("float", "float")
+    told = load_config(write(tmp_path, "weights: float\ndraft_weights: q8_0\n"))
+    assert (told.resolved_weights, told.resolved_draft_weights) == ("float", "q8_0")
+    assert "draft_weights q8_0 is for backend torch" in error_of(tmp_path, "backend: trtllm\ndraft_weights: q8_0\n")
+    assert "weights q4_k is for backend torch" in error_of(tmp_path, "backend: trtllm\nweights: q4_k\n")
+
+
 def test_static_tree_accepted(tmp_path):
     cfg = load_config(write(tmp_path, "tree: static\nstatic_tree: [[0], [1], [0, 0], [0, 1]]\n"))
     assert cfg.static_tree == [[0], [1], [0, 0], [0, 1]]

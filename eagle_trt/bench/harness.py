@@ -124,6 +124,8 @@ def aggregate(runs: list[dict], names: list[str], repeats: int) -> dict:
             if speculative else None,
             "draft_accepted": sum(s[0] for x in first for s in x["steps"]) if speculative else None,
         }
+    for m, r in stats.plain_step_ratios(summary).items():
+        summary[m]["verify_over_plain_step"], summary[m]["draft_over_plain_step"] = r["verify"], r["draft"]
     per_prompt = {}
     for x in runs:
         d = per_prompt.setdefault(x["prompt"], {}).setdefault(x["method"], {"tps": []})

@@ -16,6 +16,20 @@ def _f(x, fmt=".2f", none="–") -> str:
     return none if x is None else format(x, fmt)
 
 
+def _times(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}×"
+
+
+def curve_line(machine: dict | None) -> str | None:
+    """The measured forward-cost curve in one line (rows -> ms, and each over the 1-row forward), None without."""
+    curve = sorted((int(k), v) for k, v in ((machine or {}).get("forward_ms") or {}).items())
+    if not curve:
+        return None
+    one = dict(curve).get(1)
+    parts = [f"{t}: {ms:.1f} ms" + (f" ({ms / one:.2f}×)" if one and t > 1 else "") for t, ms in curve]
+    return f"target forward by rows ({machine['context_tokens']} cached tokens): " + ", ".join(parts)
+
+
 def _speedup(s: dict | None) -> str:
     return "–" if not s else f"{s['median']:.2f}× ({s['min']:.2f}×)"
 
@@ -28,6 +42,7 @@ def summary_table(results: dict) -> Table:
     table.add_column("τ", justify="right")
     table.add_column("accept/depth")
     table.add_column("draft/verify ms", justify="right")
+    table.add_column("verify/plain", justify="right")
     for b in baselines:
         table.add_column(f"vs {b}", justify="right")
     for m, s in results["summary"].items():
@@ -35,7 +50,8 @@ def summary_table(results: dict) -> Table:
         depth = " ".join(f"{a:.2f}" for a in (s["acceptance_per_depth"] or [])[:4])
         split = ("–" if s["draft_ms_per_step"] is None
                  else f"{s['draft_ms_per_step']:.1f}/{s['verify_ms_per_step']:.1f}")
-        row = [m, f"{tps['median']:.1f} ({tps['min']:.1f})", _f(s["acceptance_length"]), depth or "–", split]
+        row = [m, f"{tps['median']:.1f} ({tps['min']:.1f})", _f(s["acceptance_length"]), depth or "–", split,
+               _times(s.get("verify_over_plain_step"))]
         for b in baselines:
             sp = results["speedups"][m].get(b)
             row.append("" if b == m or not sp else f"{sp['median']:.2f}× ({sp['min']:.2f})")
@@ -132,15 +148,18 @@ def _summary_md(results: dict) -> list[str]:
     """The summary table (one row per method, speedups against each baseline) and what the copies brought."""
     baselines = results["baselines"]
     lines = ["## Summary", "", "Tokens/s over the whole prompt set per repeat: median (min). Speedups are "
-             "ratios within each repeat: median (min).", ""]
-    head = ["method", "tok/s", "τ", "accept by depth", "draft ms/step", "verify ms/step"]
+             "ratios within each repeat: median (min). Verify and draft ÷ plain step: a speculative step's verify "
+             "pass and its drafting in units of one `ar` token (a step pays when τ exceeds their sum).", ""]
+    head = ["method", "tok/s", "τ", "accept by depth", "draft ms/step", "verify ms/step", "verify ÷ plain step",
+            "draft ÷ plain step"]
     head += [f"vs {b}" for b in baselines]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m, s in results["summary"].items():
         tps = s["tokens_per_second"]
         depth = " ".join(f"{a:.2f}" for a in (s["acceptance_per_depth"] or []))
         row = [f"`{m}`", f"{tps['median']:.2f} ({tps['min']:.2f})", _f(s["acceptance_length"]), depth or "–",
-               _f(s["draft_ms_per_step"], ".1f"), _f(s["verify_ms_per_step"], ".1f")]
+               _f(s["draft_ms_per_step"], ".1f"), _f(s["verify_ms_per_step"], ".1f"),
+               _times(s.get("verify_over_plain_step")), _times(s.get("draft_over_plain_step"))]
         row += ["" if b == m else _speedup(results["speedups"][m].get(b)) for b in baselines]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")

@@ -49,6 +49,25 @@ def speedups(tps: dict[str, list[float]], baselines: list[str]) -> dict[str, dic
     return out
 
 
+def plain_step_ratios(summary: dict, plain: str = "ar") -> dict[str, dict[str, float]]:
+    """Speculative method -> {"verify", "draft"}: its verify pass and its drafting per step, each over one plain
+    decoding step (`plain`'s ms per token: 1000 / its median tokens/s). The lever of speculation: a step pays when
+    tau exceeds verify + draft in these units. Empty without `plain` or for methods without a draft/verify split.
+
+        >>> plain_step_ratios({"ar": {"tokens_per_second": {"median": 50.0}},
+        ...                    "tree": {"tokens_per_second": {"median": 70.0},
+        ...                             "verify_ms_per_step": 40.0, "draft_ms_per_step": 10.0}})
+        {'tree': {'verify': 2.0, 'draft': 0.5}}
+    """
+    tps = summary.get(plain, {}).get("tokens_per_second", {}).get("median", 0.0)
+    if tps <= 0:
+        return {}
+    step_ms = 1e3 / tps
+    return {m: {"verify": s["verify_ms_per_step"] / step_ms, "draft": s["draft_ms_per_step"] / step_ms}
+            for m, s in summary.items()
+            if s.get("verify_ms_per_step") is not None and s.get("draft_ms_per_step") is not None}
+
+
 @dataclass(frozen=True)
 class Acceptance:
     tau: float  # tokens committed per verify step (accepted draft tokens + bonus)

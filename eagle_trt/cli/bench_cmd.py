@@ -77,7 +77,7 @@ def _bench(engine, out, prompts, limit, max_new_tokens, repeats, methods, thread
            skip_verify, force, gguf, draft_gguf) -> None:
     from eagle_trt.bench.harness import bench_engine
     from eagle_trt.bench.methods import parse_methods
-    from eagle_trt.bench.report import llama_cpp_line, summary_table
+    from eagle_trt.bench.report import curve_line, llama_cpp_line, summary_table
     from eagle_trt.models import huge_pages
 
     huge_pages.prefer()  # a bench decodes for long: weights in huge pages (models/huge_pages.py)
@@ -111,6 +111,8 @@ def _bench(engine, out, prompts, limit, max_new_tokens, repeats, methods, thread
             if "tree_draft_share" in roof:
                 line += f"; drafting = {roof['tree_draft_share']:.0%} of a tree step"
         console.print(line, soft_wrap=True)
+        if curve_line(results.get("machine")):
+            console.print(curve_line(results["machine"]), soft_wrap=True)
         if results.get("llama_cpp"):
             console.print(llama_cpp_line(results["llama_cpp"]), soft_wrap=True)
         for w in results["warnings"][:5]:

@@ -91,14 +91,15 @@ class EagleConfig(TreeSettings):
         "runs everywhere. GPU: float16 or bfloat16.",
     )
     weights: Literal["float", "auto", "q8_0", "q4_k", "q4_0", "q4_1", "q5_0", "q5_1"] = Field(
-        "float",
+        "auto",
         description="How the target's projections and LM head are stored (embeddings and norms stay in dtype). float: "
         "in dtype. q8_0, q4_k, q4_0, q4_1, q5_0, q5_1: GGUF blocks that build quantizes from the checkpoint's float "
         "weights as llama.cpp's reference quantizers do (8.5, 4.5, 4.5, 5, 5.5, 6 bits a weight: fewer bytes a token "
         "reads; q4_k needs input sizes that are multiples of 256, the others of 32). auto: a GGUF's own blocks where convert kept them (no "
-        "re-quantization: the model llama.cpp computes), else float. Block weights run on the CPU kernels' block "
-        "projections (or the torch reference over gguf-py's de-quantized values); lossless against plain decoding of "
-        "the same engine. Backend torch only.",
+        "re-quantization: the model llama.cpp computes), else float; the default, so a GGUF builds into its own "
+        "blocks unless told otherwise (backend trtllm: auto is float, TensorRT-LLM takes float weights). Block "
+        "weights run on the CPU kernels' block projections (or the torch reference over gguf-py's de-quantized "
+        "values); lossless against plain decoding of the same engine. Quantizing formats: backend torch only.",
     )
     block_compute: Literal["auto", "int8", "float"] = Field(
         "auto",
@@ -110,11 +111,12 @@ class EagleConfig(TreeSettings):
         "only.",
     )
     draft_weights: Literal["float", "auto", "q8_0", "q4_k", "q4_0", "q4_1", "q5_0", "q5_1"] = Field(
-        "float",
+        "auto",
         description="How the draft's projections are stored: an EAGLE-3 head's (fc, its layer, its own LM head) or a "
         "draft model's (its layers and LM head). float: in dtype; q8_0, q4_k, ...: build quantizes them (a cheaper "
-        "draft step; the draft only proposes, so the output stays lossless whatever it is); auto: a GGUF draft "
-        "model's own blocks where convert --draft-model kept them, else float. Backend torch only.",
+        "draft step; the draft only proposes, so the output stays lossless whatever it is); auto (the default): a "
+        "GGUF draft model's own blocks where convert --draft-model kept them, else float (backend trtllm: float). "
+        "Quantizing formats: backend torch only.",
     )
     kv_cache_dtype: Literal["auto", "float32", "float16", "bfloat16", "fp8"] = Field(
         "auto",
@@ -168,6 +170,16 @@ class EagleConfig(TreeSettings):
         """kv_cache_dtype with "auto" replaced by dtype (itself "auto" until `with_dtype` settles it)."""
         return self.dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
 
+    @property
+    def resolved_weights(self) -> str:
+        """weights as build stores them: "auto" is "float" for backend trtllm (TensorRT-LLM takes float weights)."""
+        return "float" if self.backend == "trtllm" and self.weights == "auto" else self.weights
+
+    @property
+    def resolved_draft_weights(self) -> str:
+        """draft_weights as build stores them ("auto" is "float" for backend trtllm)."""
+        return "float" if self.backend == "trtllm" and self.draft_weights == "auto" else self.draft_weights
+
     def with_dtype(self, fast_bf16: Callable[[], bool]) -> EagleConfig:
         """This config with dtype "auto" settled: bfloat16 for TensorRT-LLM or where `fast_bf16()` (asked only for a
         torch engine: does this machine run bf16 at full speed?), float32 otherwise. A set dtype stays."""
@@ -187,7 +199,7 @@ class EagleConfig(TreeSettings):
         if self.draft is not None and self.draft.kind == "model" and self.eagle_architecture is not None:
             raise _cross("eagle_architecture describes an EAGLE-3 head, but draft.kind is 'model'; remove "
                          "eagle_architecture (or set it to null)")
-        if self.backend == "trtllm" and self.draft_weights != "float":
+        if self.backend == "trtllm" and self.draft_weights not in ("float", "auto"):
             raise _cross(f"draft_weights {self.draft_weights} is for backend torch (its CPU kernels); set "
                          "draft_weights: float")
         if self.backend == "trtllm" and self.block_compute != "auto":

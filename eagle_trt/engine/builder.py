@@ -235,7 +235,7 @@ def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path, max_shard_
         fp8_scales = trtllm_bundle.kv_scale_tensors(scales, plan.target_info["num_layers"])
         _write_json(root / "target" / "hf_quant_config.json", trtllm_bundle.HF_QUANT_CONFIG)
     blocks = copy_weights(plan.target_weights, root / "target", cfg.dtype, max_shard_bytes, keep=fp8_scales,
-                          weights=cfg.weights, tied=bool(plan.target_config.get("tie_word_embeddings")))
+                          weights=cfg.resolved_weights, tied=bool(plan.target_config.get("tie_word_embeddings")))
     _write_json(root / "target" / "config.json", _with_dtype(plan.target_config, cfg.dtype, trt))
     for src in plan.target_extra_files:
         shutil.copyfile(src, root / "target" / src.name)
@@ -247,7 +247,7 @@ def _write_engine(cfg: EagleConfig, plan: CheckpointPlan, root: Path, max_shard_
     from eagle_trt.engine import weight_blocks
 
     draft_tensors, draft_blocks = weight_blocks.quantize_dict(
-        draft_tensors, cfg.draft_weights, tied=bool(plan.engine_draft_config.get("tie_word_embeddings")),
+        draft_tensors, cfg.resolved_draft_weights, tied=bool(plan.engine_draft_config.get("tie_word_embeddings")),
         kept_dir=plan.draft_weights.parent)
     save_weights(draft_tensors, root / "draft" / "model.safetensors", cfg.dtype)
     if draft_blocks:
