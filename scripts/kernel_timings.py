@@ -4,6 +4,12 @@
     python scripts/kernel_timings.py --engine ENGINE --threads 2           # + the target forward over 1..32 tokens
     python scripts/kernel_timings.py --engine ENGINE --parts --threads 2   # one forward by parts at 1, 16, 17 rows
     python scripts/kernel_timings.py --engine ENGINE --parts --rows 1,2,3,4 --threads 2   # at the rows a short tree verifies
+    python scripts/kernel_timings.py --peak --threads 2                    # the multiply-add peaks and copy bandwidth
+
+--parts ends with each projection kind and the LM head against this machine's floors: its multiply-adds at the
+measured peak of the instruction it computes with (csrc/madd_peak.cpp: fp32 fma, the bf16 dot, the int8 dot of this
+ISA) and its weight bytes at the memory bandwidth (the better of a copy's and a read stream's); "at floor" is the floor over
+the fastest time.
     EAGLE_TRT_ISA=avx2 python scripts/kernel_timings.py ...                # the AVX2 kernels on a bigger CPU
 
 Times are in ms, the median over repeats and, in parentheses, the minimum (the machines here are shared: a repeat
@@ -161,6 +167,71 @@ def forward_parts(engine: str, reps: int, context: int = 300, rows: tuple[int, .
           f"{context} cached tokens, {reps} repeats, ms, median (min):")
     for name in dict.fromkeys(n for n, _ in calls):
         print(f"  {name:23} " + "   ".join(f"T={t:2} {med[(n, t)].ms()}" for n, t in calls if n == name))
+    part_floors(target, kinds, context, rows, med, dtype)
+
+
+def machine_peaks(threads: int) -> tuple[dict[str, float], float]:
+    """({"fp32", "bf16", "int8"}: G multiply-adds/s this build's instructions reach on `threads` threads (bf16: the
+    AVX512-BF16 dot, else the fp32 rate bf16 weights compute at), copy bandwidth GB/s (read + write, best of 5))."""
+    from eagle_trt.bench.roofline import copy_bandwidth
+
+    lib = native.library()
+    if lib is None:
+        raise SystemExit(f"kernel_timings: no native kernels here: {native.unavailable()}")
+    peak = {name: lib.madd_peak(kind, threads, 5) for kind, name in enumerate(("fp32", "bf16", "int8"))}
+    if peak["bf16"] < 0:
+        peak["bf16"] = peak["fp32"]
+    return peak, max(copy_bandwidth(256), read_bandwidth(256)) / 1e9
+
+
+def read_bandwidth(megabytes: int, reps: int = 5) -> float:
+    """Bytes/s of the fastest of `reps` reads of a buffer (an int64 sum: a pass over the bytes, as a one-row
+    projection makes over its weights)."""
+    a = torch.ones(megabytes * (1 << 20) // 8, dtype=torch.int64)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        a.sum()
+        best = min(best, time.perf_counter() - start)
+    return a.numel() * 8 / best
+
+
+def _kind(proj, dtype) -> str:
+    """Which multiply-add a projection computes with: int8 blocks, the bf16 dot for bf16 weights, else fp32."""
+    if getattr(proj, "compute", None) == "int8":
+        return "int8"
+    w = getattr(proj, "w", None)
+    return "bf16" if dtype == torch.bfloat16 and getattr(w, "dtype", None) == torch.bfloat16 else "fp32"
+
+
+def _bytes(proj) -> int:
+    w = getattr(proj, "w", proj)
+    return w.numel() * w.element_size()
+
+
+def part_floors(target, kinds: dict, context: int, rows, med: dict, dtype) -> None:
+    """Each projection kind, all projections and the LM head against this machine's floors at each row count: the
+    multiply-adds at the measured peak of the instruction it computes with, and its weight bytes at the copy
+    bandwidth (the better of a copy's read + write bytes and a read stream's). floor = the larger; "at" = floor / min
+    time (over 100%: the part ran faster than that bandwidth, e.g. from cache)."""
+    peak, bw = machine_peaks(torch.get_num_threads())
+    print(f"peaks on {torch.get_num_threads()} threads: " + ", ".join(f"{k} {v:.0f} GMAC/s" for k, v in peak.items())
+          + f"; memory bandwidth {bw:.1f} GB/s")
+    parts = {f"  {k}": ps for k, ps in kinds.items()}
+    parts["layer projections"] = [p for ps in kinds.values() for p in ps]
+    parts["greedy tokens"] = [target.lm_head]
+    print("  part                    T   min ms  floor ms (compute / memory)  at floor")
+    for name, ps in parts.items():
+        for t in rows:
+            macs = {}
+            for p in ps:
+                macs[_kind(p, dtype)] = macs.get(_kind(p, dtype), 0) + t * p.in_features * p.out_features
+            compute = sum(m / (peak[k] * 1e9) for k, m in macs.items()) * 1e3
+            memory = sum(_bytes(p) for p in ps) / (bw * 1e9) * 1e3
+            took = med[(name, t)].min * 1e3
+            floor = max(compute, memory)
+            print(f"  {name:23} {t:2} {took:8.3f}  {floor:8.3f} ({compute:.3f} / {memory:.3f})  "
+                  f"{floor / took:6.0%}  [{'+'.join(sorted(macs))}]")
 
 
 def main() -> None:
@@ -171,10 +242,15 @@ def main() -> None:
     ap.add_argument("--parts", action="store_true", help="with --engine: only one forward by parts (projections, "
                     "attention, LM head, draft head)")
     ap.add_argument("--rows", default="1,16,17", help="with --parts: the forward's row counts, comma-separated")
+    ap.add_argument("--peak", action="store_true", help="only the multiply-add peaks and the copy bandwidth")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"threads {torch.get_num_threads()}, prepack {prepack_enabled()}")
+    if args.peak:
+        peak, bw = machine_peaks(torch.get_num_threads())
+        print(", ".join(f"{k} {v:.1f} GMAC/s" for k, v in peak.items()) + f"; memory bandwidth {bw:.1f} GB/s")
+        return
     torch.manual_seed(0)
     if args.parts:
         if not args.engine:

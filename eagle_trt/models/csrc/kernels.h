@@ -40,6 +40,10 @@ int64_t eagle_trt_int8_set_amx_rows(int64_t rows);
 // The vector path's software prefetch distance in bytes (0: none); returns the previous one, bytes < 0 only reads.
 int64_t eagle_trt_int8_set_prefetch(int64_t bytes);
 
+// The multiply-add peak of this build's instructions (madd_peak.cpp): G multiply-adds/s over `threads` threads of
+// kind 0 fp32 fma, 1 bf16 dot (-1 without AVX512-BF16), 2 int8 dot; the best of `reps` timings per thread.
+float eagle_trt_madd_peak(int kind, int threads, int reps);
+
 // bf16 projections on AMX tiles (gemm_amx.cpp).
 int eagle_trt_amx_available(void);
 int eagle_trt_amx_pack(const uint16_t* w, uint16_t* packed, int64_t K, int64_t N);
