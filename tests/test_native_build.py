@@ -62,6 +62,26 @@ def test_two_builders_compile_once_and_share_the_result(tmp_path):
     assert calls.read_text().count("run") == 1
 
 
+def test_a_build_compiles_the_files_its_key_names(tmp_path, monkeypatch):
+    """The sources are listed when a build starts, not when the module was imported: a .cpp that appeared since is
+    in both the key and the compile (else a library missing it would be cached under the new sources' key)."""
+    cxx = tmp_path / "cxx"
+    seen = tmp_path / "seen"
+    cxx.write_text(f"#!/bin/sh\necho \"$@\" >> {seen}\n"
+                   "for a; do [ \"$prev\" = -o ] && : > \"$a\"; prev=$a; done\n")
+    cxx.chmod(0o755)
+    src = tmp_path / "csrc"
+    src.mkdir()
+    (src / "a.cpp").write_text("int a;\n")
+    monkeypatch.setattr(build, "CSRC", src)
+    first = build.build(cxx=str(cxx), out_dir=tmp_path / "k")
+    (src / "b.cpp").write_text("int b;\n")
+    second = build.build(cxx=str(cxx), out_dir=tmp_path / "k")
+    runs = seen.read_text().splitlines()
+    assert first != second and len(runs) == 2
+    assert "a.cpp" in runs[0] and "b.cpp" not in runs[0] and "a.cpp" in runs[1] and "b.cpp" in runs[1]
+
+
 @needs_lib
 def test_library_is_cached_per_source_and_readable_by_others(tmp_path):
     first = build.build(out_dir=tmp_path)
@@ -80,7 +100,7 @@ def test_every_entry_point_is_declared_once_and_bound_from_the_header():
     assert table["eagle_trt_gemm_packed_size"][0] is ctypes.c_int64
     # Every extern "C" definition in the sources is declared in the header (the compiler checks the signatures).
     defined = set()
-    for src in build.SOURCES:
+    for src in build.sources():
         text = src.read_text()
         defined |= {name for name in table if f"{name}(" in text.replace(" (", "(")}
         for line in text.splitlines():
@@ -205,7 +225,7 @@ def test_the_amx_and_avx2_code_compiles_on_any_machine(tmp_path):
         if probe.returncode != 0:
             pytest.skip(f"{cxx} does not know {march}")
         flags = [f for f in build.FLAGS if f not in ("-shared", "-Wl,-Bsymbolic")]
-        for src in build.SOURCES:
+        for src in build.sources():
             out = subprocess.run([cxx, *flags, march, "-c", str(src), "-o", str(tmp_path / (src.stem + ".o"))],
                                  capture_output=True, text=True)
             assert out.returncode == 0, (march, src.name, out.stderr[-2000:])

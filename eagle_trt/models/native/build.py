@@ -22,8 +22,15 @@ from pathlib import Path
 from eagle_trt.models import isa
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
-SOURCES = sorted(CSRC.glob("*.cpp"))
-HEADERS = sorted(CSRC.glob("*.h"))
+
+
+def sources() -> list[Path]:
+    """The library's .cpp files, listed when asked: a build compiles exactly the files its key was taken over."""
+    return sorted(CSRC.glob("*.cpp"))
+
+
+def headers() -> list[Path]:
+    return sorted(CSRC.glob("*.h"))
 # -ffp-contract=off: no multiply-add is fused behind the kernels' back (they fuse explicitly where they mean to).
 # -Bsymbolic: the library's kernels call each other, never a same-named function of another build loaded beside it.
 FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared", "-std=c++17", "-Wl,-Bsymbolic"]
@@ -51,8 +58,10 @@ def flags(target_isa: str | None = None) -> list[str]:
     return [*FLAGS, *isa.march_flags(target_isa), *shlex.split(os.environ.get("EAGLE_TRT_CXXFLAGS", ""))]
 
 
-def library_path(cxx: str, build_flags: list[str], out_dir: Path) -> Path:
-    src = b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in (*SOURCES, *HEADERS))
+def library_path(cxx: str, build_flags: list[str], out_dir: Path, srcs: list[Path] | None = None) -> Path:
+    """Where the build of these sources (default: the files there now), compiler, flags and CPU lives."""
+    srcs = sources() if srcs is None else srcs
+    src = b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in (*srcs, *headers()))
     key = hashlib.sha256(b"\0".join([src, cxx.encode(), " ".join(build_flags).encode(), isa.cpu_key().encode()]))
     return out_dir / f"eagle_trt_kernels-{key.hexdigest()[:16]}.so"
 
@@ -66,7 +75,8 @@ def build(cxx: str | None = None, out_dir: Path | None = None, target_isa: str |
         raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
     build_flags = flags(target_isa)
     out_dir = out_dir or cache_dir()
-    target = library_path(cxx, build_flags, out_dir)
+    srcs = sources()  # one listing for the key and the compile, so both name the same files
+    target = library_path(cxx, build_flags, out_dir, srcs)
     if target.exists():
         _check_trusted(target)
         return target
@@ -74,7 +84,7 @@ def build(cxx: str | None = None, out_dir: Path | None = None, target_isa: str |
     _check_trusted(out_dir)
     with _locked(target.with_suffix(".lock")):
         if not target.exists():  # another process may have built it while this one waited
-            _compile(cxx, build_flags, target)
+            _compile(cxx, build_flags, target, srcs)
     _check_trusted(target)
     return target
 
@@ -109,13 +119,13 @@ class _locked:
         os.close(self.fd)
 
 
-def _compile(cxx: str, build_flags: list[str], target: Path) -> None:
+def _compile(cxx: str, build_flags: list[str], target: Path, srcs: list[Path]) -> None:
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(fd)
-    names = ", ".join(p.name for p in SOURCES)
+    names = ", ".join(p.name for p in srcs)
     try:
         try:
-            proc = subprocess.run([cxx, *build_flags, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True,
+            proc = subprocess.run([cxx, *build_flags, *map(str, srcs), "-o", tmp], capture_output=True, text=True,
                                   timeout=timeout_s())
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"{cxx} did not finish {names} within {timeout_s():.0f} s "
