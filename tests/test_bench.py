@@ -214,6 +214,32 @@ def test_the_curve_line_names_rows_ms_and_ratios():
     assert curve_line(None) is None and curve_line({"forward_ms": {}}) is None
 
 
+def test_hf_methods_are_left_out_where_transformers_cannot_read_the_engine():
+    """A target in GGUF blocks (the default for a GGUF): the default methods skip hf and hf-assisted, and naming
+    them is one input error saying why and what to do; a draft model in blocks drops hf-assisted only."""
+    from types import SimpleNamespace
+
+    from eagle_trt.bench.methods import check_hf, default_methods
+    from eagle_trt.errors import InputError
+
+    def session(weights, draft_weights="float", kind="eagle3"):
+        return SimpleNamespace(weights=weights, draft_weights=draft_weights, draft_kind=kind, tuned={})
+
+    assert default_methods(session("float"))[:3] == ["hf", "hf-assisted", "ar"]
+    blocks = session("q4_k+q6_k")
+    assert default_methods(blocks) == ["ar", "chain", "tree", "tree-lookup"]
+    with pytest.raises(InputError, match=r"--methods: hf: the engine's target is stored in GGUF blocks "
+                                         r"\(weights: q4_k\+q6_k\), which transformers cannot read; leave them out, "
+                                         r"or build the engine with weights: float"):
+        check_hf(["hf", "ar"], blocks)
+    check_hf(["ar", "tree"], blocks)
+    dm = session("float", "q4_k+q6_k", "model")
+    assert "hf-assisted" not in default_methods(dm) and "hf" in default_methods(dm)
+    with pytest.raises(InputError, match="hf-assisted: the engine's draft model is stored in GGUF blocks"):
+        check_hf(["hf-assisted"], dm)
+    check_hf(["hf"], dm)
+
+
 def test_interpolate():
     curve = {1: 10.0, 4: 10.0, 8: 18.0}
     assert stats.interpolate(curve, 6) == pytest.approx(14.0)

@@ -218,3 +218,40 @@ def test_greedy_to_the_last_position_equals_ar(tmp_path_factory, tree, fallback_
         assert_lossless(runner, prompt, res.token_ids, ar(runner, prompt, n))
         assert len(res.token_ids) == n
         assert res.metrics.stop_reason == "length"
+
+
+@pytest.mark.parametrize("draft", ["same", "noisy"])
+@pytest.mark.parametrize("cost", [None, "cheap"], ids=["unsized", "cheap-rows"])
+def test_batched_requests_accept_drafts_and_equal_their_solo_plain_answers(runners, draft, cost):
+    """Continuous batching with drafts that get accepted (the target's own weights as draft model; a noisy copy):
+    every request, arriving at different steps beside others, equals its solo --mode ar answer token for token, and
+    the batch's verify passes accepted draft tokens (a lossless check over drafts that all miss proves little)."""
+    from eagle_trt.runtime.batch import BatchRunner
+    from eagle_trt.speculative.batch_sizing import CostCurve
+
+    runner = runners[draft]
+    g = torch.Generator().manual_seed(3)
+    prompts = [PROMPTS[i % len(PROMPTS)] + torch.randint(3, 250, (i,), generator=g).tolist() for i in range(5)]
+    lengths = [30, 9, 24, 1, 40]
+    solo = [ar(runner, p, n) for p, n in zip(prompts, lengths)]
+    curve = CostCurve({1: 10.0, 64: 11.0, 512: 20.0}) if cost else None
+    batch = BatchRunner(runner, max_batch=3, cost=curve)
+    cfg = [DecodeConfig(max_new_tokens=n, eos_token_ids=[], tree="dynamic", draft_length=4, beam_width=2,
+                        total_tokens=8, lookup_tokens=0, fallback_after=0) for n in lengths]
+    arrivals, waiting, slots, out, step = [0, 0, 2, 5, 6], list(range(5)), {}, {}, 0
+    while waiting or batch.active:
+        for i in [i for i in waiting if arrivals[i] <= step]:
+            slot = batch.admit(prompts[i], cfg[i])
+            if slot is None:
+                break
+            slots[i] = slot
+            waiting.remove(i)
+        for s in batch.step():
+            out[next(i for i, x in slots.items() if x is s)] = s.request.output
+        step += 1
+        assert step < 2000
+    assert [out[i] for i in range(5)] == solo
+    accepted = sum(st.accepted for s in slots.values() for st in s.request.metrics.steps)
+    # The target as its own draft, every request drafting: most tokens come from accepted drafts. Sized by a cost
+    # curve, the batch also runs measured plain segments (speculative/batch_sizing.py's ModeChooser), fewer then.
+    assert accepted > (sum(lengths) // 2 if draft == "same" and cost is None else 5), accepted

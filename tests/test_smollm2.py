@@ -38,9 +38,10 @@ def session(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("smollm2")
     convert_model(GGUF, tmp / "ckpt", steps=0, progress=False)
-    # float32: the reference is HF generate in fp32
+    # float32 and float weights: the reference is HF generate in fp32, and transformers reads the engine's target
+    # (in the GGUF's own blocks, the default, only eagle-trt's kernels could)
     cfg = parse_config({"name": "smollm2-test", "checkpoint_dir": str(tmp / "ckpt"), "max_output_len": 256,
-                        "dtype": "float32"})
+                        "dtype": "float32", "weights": "float"})
     build_engine(cfg, output_dir=tmp / "engine")
     return Session.open(tmp / "engine", clock=TickClock())
 

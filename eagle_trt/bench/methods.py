@@ -128,10 +128,33 @@ class HFMethod(Method):
 
 
 def default_methods(session) -> list[str]:
-    """The methods `bench` runs when none are named: the engine's drafter's, plus the untuned tree if tuned."""
+    """The methods `bench` runs when none are named: the engine's drafter's, plus the untuned tree if tuned; the HF
+    ones only where transformers can read what they load (`hf_unreadable`)."""
     model = session.draft_kind == "model"
     names = list(DEFAULT_MODEL_METHODS if model else DEFAULT_METHODS)
+    names = [n for n in names if n not in hf_unreadable(session)]
     return names + ([("draft-model" if model else "tree") + "-untuned"] if session.tuned else [])
+
+
+def hf_unreadable(session) -> dict[str, str]:
+    """HF method -> why transformers cannot load what it needs from this engine: a target (or, for a draft model's
+    assisted generation, a draft) stored in GGUF blocks, which only eagle-trt's kernels read."""
+    out = {}
+    if session.weights != "float":
+        why = f"the engine's target is stored in GGUF blocks (weights: {session.weights})"
+        out = {"hf": why, "hf-assisted": why}
+    elif session.draft_kind == "model" and session.draft_weights != "float":
+        out["hf-assisted"] = f"the engine's draft model is stored in GGUF blocks (draft_weights: {session.draft_weights})"
+    return out
+
+
+def check_hf(names: list[str], session) -> None:
+    """HF methods named for an engine transformers cannot read: one input error naming them and the way out."""
+    bad = {n: why for n, why in hf_unreadable(session).items() if n in names}
+    if bad:
+        raise InputError(f"--methods: {', '.join(bad)}: {next(iter(bad.values()))}, which transformers cannot "
+                         "read; leave them out, or build the engine with weights: float (and draft_weights: float) "
+                         "for an HF side by side")
 
 
 def check_drafter(names: list[str], draft_kind: str) -> None:
@@ -168,6 +191,7 @@ def load_hf_model(target_dir):
 def build_methods(session, names: list[str]) -> list[Method]:
     """Instantiate the named methods on an open Session (each HF model is loaded once, if needed)."""
     check_drafter(names, session.draft_kind)
+    check_hf(names, session)
     runner = session.runner
     eos = runner.eos_token_ids  # the runtime's stop tokens: HF stops where our methods do
     hf = load_hf_model(session.engine.target_dir) if any(n.startswith("hf") for n in names) else None
