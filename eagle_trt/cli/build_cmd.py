@@ -35,7 +35,10 @@ def build(
     max_shard_size: MaxShardOpt = DEFAULT_SHARD_SIZE,
     json_out: JsonOpt = False,
 ) -> None:
-    """Build an engine dir: weights in the engine dtype, tokenizer, manifest.json with sha256 of every file.
+    """Build an engine dir: weights, tokenizer, manifest.json with sha256 of every file.
+
+    Weights: a GGUF checkpoint keeps the file's own blocks (weights: auto, the default), a float one stays in the
+    engine dtype; the config's weights: float, q8_0, q4_k, ... say otherwise (backend trtllm: float always).
 
     The write is atomic (temp dir, then rename): a failed build leaves any previous engine untouched.
     The same inputs give byte-identical files. --json prints one JSON object: engine dir, backend,
