@@ -261,13 +261,7 @@ def test_the_multiply_add_peak_of_each_build(name):
     fp32, int8 = lib.madd_peak(0, 1, 2), lib.madd_peak(2, 1, 2)
     assert fp32 > 0 and int8 > 0
     bf16 = lib.madd_peak(1, 1, 2)
-    assert bf16 == -1 if name == "avx2" or "avx512_bf16" not in _cpu_flags() else bf16 > 0
+    assert bf16 == -1 if name == "avx2" or "avx512_bf16" not in isa.cpu_flags() else bf16 > 0
     assert lib.madd_peak(3, 1, 2) == -1 and lib.madd_peak(-1, 1, 2) == -1 and lib.madd_peak(0, 1, 0) == -1
     assert lib.madd_peak(2, 2, 3) > 0.3 * int8  # a loose bound: a shared machine may slow either thread
 
-
-def _cpu_flags() -> set[str]:
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()

@@ -22,7 +22,9 @@ using namespace eagle_trt;
 constexpr int kChains = 12;
 constexpr int64_t kIters = 1 << 19;  // per timing: kChains * kIters instructions, a few ms
 
-// acc + the 4-byte dots of u (unsigned bytes) and the quad q (signed, in every lane): int8_dot.h's instructions.
+// acc + the 4-byte dots of u (unsigned bytes) and the quad q (signed, in every lane): int8_dot.h's instructions at
+// the build's native width (its dot4 works on 16 lanes, two registers on AVX2, which 12 chains would spill: the
+// timing would then be of the spills).
 inline vi int8_dot(vi acc, vi u, int32_t q) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
     return reinterpret_cast<vi>(_mm512_dpbusd_epi32(reinterpret_cast<__m512i>(acc), reinterpret_cast<__m512i>(u),
@@ -85,6 +87,8 @@ double time_chains(float* sink) {
     return s;
 }
 
+volatile float g_sink;  // where every timing's results end up, so the compiler keeps their chains
+
 // Multiply-adds of one instruction (group) per lane: fp32 1, bf16 dot 2 (a pair), int8 dot 4 (a quad).
 constexpr double kPerLane[3] = {1, 2, 4};
 
@@ -113,7 +117,8 @@ float eagle_trt_madd_peak(int kind, int threads, int reps) {
         }
         total += kPerLane[kind] * kLanes * kChains * static_cast<double>(kIters) / best;
     }
-    return sink == 12345.678f ? 0.0f : static_cast<float>(total / 1e9);  // sink read: the chains are kept
+    g_sink = sink;
+    return static_cast<float>(total / 1e9);
 }
 
 }  // extern "C"
