@@ -4,7 +4,7 @@
         --output data/gemma3_chat_answers.jsonl --max-new-tokens 160 --batch 16 --threads 2
 
 The same rows as scripts/regenerate_answers.py writes (the input row plus `"response"` and `"eos"`), but the
-answers come from the engine's compiled kernels through its continuous batcher (`runtime/batch.py`) in `ar`
+answers come from the engine's compiled kernels through its continuous batcher (`runtime/loop.py`) in `ar`
 mode: every answer is `eagle-trt run --mode ar`'s tokens for that prompt alone, i.e. what the bench's target
 decodes (bf16 engine: its rounding, not transformers' fp32). On a small CPU this is the fast path: the batch
 shares each forward's weight reads, and no draft head runs. `--offset K --limit N` answers prompts K to K+N-1
@@ -45,9 +45,9 @@ def main() -> None:
 
 def answer_all(session, prompts: list[list[int]], max_new_tokens: int, batch: int) -> tuple[list[list[int]], int]:
     """Greedy `ar` answers for every prompt, `batch` at a time sharing each forward; returns (answers, steps)."""
-    from eagle_trt.runtime.batch import BatchRunner
+    from eagle_trt.runtime.loop import DecodeLoop
 
-    runner = BatchRunner(session.runner, max_batch=batch)
+    runner = DecodeLoop(session.runner, max_batch=batch)
     config = session.decode_config(tuned=False, max_new_tokens=max_new_tokens, mode="ar")
     for ids in prompts:
         runner.check(ids, config)  # a prompt the engine cannot hold fails before any work

@@ -1,4 +1,4 @@
-"""Continuous batching (runtime/batch.py): requests that share verify passes each give their solo answer.
+"""Continuous batching (runtime/loop.py): requests that share verify passes each give their solo answer.
 
 Greedy: every request, whatever its arrival step and whatever shares its passes, equals `--mode ar` of its prompt
 alone, token for token. Seeded sampling: the same tokens as the same request alone. The batch-aware sizing trims
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle_trt.runtime.batch import BatchRunner
+from eagle_trt.runtime.loop import DecodeLoop
 from eagle_trt.runtime.session import Session
 from eagle_trt.speculative.batch_sizing import CostCurve
 from eagle_trt.timing import TickClock
@@ -31,9 +31,9 @@ def _prompts(n: int, vocab: int) -> list[list[int]]:
             for _ in range(n)]
 
 
-def _run_batch(session, jobs, arrivals, **kw) -> tuple[list[list[int]], BatchRunner]:
+def _run_batch(session, jobs, arrivals, **kw) -> tuple[list[list[int]], DecodeLoop]:
     """jobs: (prompt, config) each; arrivals[i]: the step at which job i is admitted (it waits while full)."""
-    batch = BatchRunner(session.runner, **kw)
+    batch = DecodeLoop(session.runner, **kw)
     out: dict[int, list[int]] = {}
     waiting, step, slots = list(range(len(jobs))), 0, {}
     while waiting or batch.active:
@@ -78,7 +78,7 @@ def test_dear_rows_cut_every_drafted_node_and_cheap_rows_keep_them(session):
     jobs = [(p, session.decode_config(max_new_tokens=24)) for p in _prompts(4, vocab)]
     got = {}
     for name, cost in (("dear", DEAR), ("cheap", CHEAP)):
-        batch = BatchRunner(session.runner, max_batch=4, cost=cost)
+        batch = DecodeLoop(session.runner, max_batch=4, cost=cost)
         slots = [batch.admit(*job) for job in jobs]
         while batch.active:
             batch.step()
@@ -96,7 +96,7 @@ def test_the_batch_alternates_modes_by_measurement_and_stays_lossless(session):
     cfg = session.decode_config(max_new_tokens=110)
     solo = [session.runner.generate(p, session.decode_config(max_new_tokens=110, mode="ar")).token_ids
             for p in prompts]
-    batch = BatchRunner(session.runner, max_batch=3, cost=CHEAP)
+    batch = DecodeLoop(session.runner, max_batch=3, cost=CHEAP)
     slots = [batch.admit(p, cfg) for p in prompts]
     while batch.active:
         batch.step()
@@ -115,7 +115,7 @@ def test_a_pinned_clock_makes_the_batch_decide_alike_every_time(tiny_checkpoint,
     for _ in range(2):
         s = Session.open(engine, clock=TickClock())
         prompts = _prompts(3, s.runner.target.spec.vocab_size)
-        batch = BatchRunner(s.runner, max_batch=3, cost=CHEAP)
+        batch = DecodeLoop(s.runner, max_batch=3, cost=CHEAP)
         slots = [batch.admit(p, s.decode_config(max_new_tokens=60)) for p in prompts]
         while batch.active:
             batch.step()
@@ -140,18 +140,18 @@ def test_a_kv_budget_queues_and_refuses(session):
 
     vocab = session.runner.target.spec.vocab_size
     prompt, cfg = _prompts(1, vocab)[0], session.decode_config(max_new_tokens=30)
-    one = BatchRunner(session.runner).kv_needed(prompt, cfg)
-    batch = BatchRunner(session.runner, max_batch=8, kv_budget_bytes=2 * one)
+    one = DecodeLoop(session.runner).kv_needed(prompt, cfg)
+    batch = DecodeLoop(session.runner, max_batch=8, kv_budget_bytes=2 * one)
     assert batch.admit(prompt, cfg) and batch.admit(prompt, cfg)
     assert batch.admit(prompt, cfg) is None  # full: the caller queues it
     with pytest.raises(InputError, match="more than the server's budget"):
-        BatchRunner(session.runner, kv_budget_bytes=one - 1).check(prompt, cfg)
+        DecodeLoop(session.runner, kv_budget_bytes=one - 1).check(prompt, cfg)
 
 
 def test_a_cancelled_request_leaves_within_one_step(session):
     vocab = session.runner.target.spec.vocab_size
     flag = {"stop": False}
-    batch = BatchRunner(session.runner, max_batch=2)
+    batch = DecodeLoop(session.runner, max_batch=2)
     keep = batch.admit(_prompts(1, vocab)[0], session.decode_config(max_new_tokens=40))
     gone = batch.admit(_prompts(2, vocab)[1], session.decode_config(max_new_tokens=40),
                        cancelled=lambda: flag["stop"])

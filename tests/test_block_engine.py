@@ -16,7 +16,7 @@ from eagle_trt.cli.app import app
 from eagle_trt.config.decode import DecodeConfig
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.native.kernels import NativeKernels
-from eagle_trt.runtime.batch import BatchRunner
+from eagle_trt.runtime.loop import DecodeLoop
 from eagle_trt.runtime.runner import Runner
 from eagle_trt.runtime.session import Session
 from eagle_trt.timing import TickClock
@@ -81,7 +81,7 @@ def test_the_batched_path_equals_each_request_alone(engine):
     cfg = session.decode_config(max_new_tokens=30)
     solo = [session.runner.generate(p, session.decode_config(max_new_tokens=30, mode="ar")).token_ids
             for p in PROMPTS]
-    batch = BatchRunner(session.runner, max_batch=3)
+    batch = DecodeLoop(session.runner, max_batch=3)
     slots = [batch.admit(p, cfg) for p in PROMPTS]
     while batch.active:
         batch.step()

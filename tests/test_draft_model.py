@@ -226,7 +226,7 @@ def test_batched_requests_accept_drafts_and_equal_their_solo_plain_answers(runne
     """Continuous batching with drafts that get accepted (the target's own weights as draft model; a noisy copy):
     every request, arriving at different steps beside others, equals its solo --mode ar answer token for token, and
     the batch's verify passes accepted draft tokens (a lossless check over drafts that all miss proves little)."""
-    from eagle_trt.runtime.batch import BatchRunner
+    from eagle_trt.runtime.loop import DecodeLoop
     from eagle_trt.speculative.batch_sizing import CostCurve
 
     runner = runners[draft]
@@ -235,7 +235,7 @@ def test_batched_requests_accept_drafts_and_equal_their_solo_plain_answers(runne
     lengths = [30, 9, 24, 1, 40]
     solo = [ar(runner, p, n) for p, n in zip(prompts, lengths)]
     curve = CostCurve({1: 10.0, 64: 11.0, 512: 20.0}) if cost else None
-    batch = BatchRunner(runner, max_batch=3, cost=curve)
+    batch = DecodeLoop(runner, max_batch=3, cost=curve)
     cfg = [DecodeConfig(max_new_tokens=n, eos_token_ids=[], tree="dynamic", draft_length=4, beam_width=2,
                         total_tokens=8, lookup_tokens=0, fallback_after=0) for n in lengths]
     arrivals, waiting, slots, out, step = [0, 0, 2, 5, 6], list(range(5)), {}, {}, 0

@@ -1,8 +1,9 @@
-"""What a batched runner (runtime/batch.py) keeps per request and per step: a request's place in the batch (`Slot`)
-and what it puts into one shared forward (`Work`)."""
+"""What the decode loop (runtime/loop.py) keeps per request and per step: a request's place in the batch (`Slot`,
+with its `State`) and what it puts into one shared forward (`Work`)."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -13,19 +14,29 @@ from eagle_trt.runtime.proposers import DraftTree
 from eagle_trt.runtime.request import Request
 
 
+class State(enum.Enum):
+    """Where an admitted request stands. (A request waiting for room is the caller's: the server's queue.)"""
+
+    PREFILLING = "prefilling"  # its prompt goes into the KV cache, a chunk a step
+    DECODING = "decoding"  # one token or one verified tree a step
+    FINISHED = "finished"  # a stop: EOS, max_new_tokens, the context's end, a stop string
+    CANCELLED = "cancelled"  # its caller left
+
+
 @dataclass
 class Slot:
-    """One request's place in the batch: the request (with its own KV regions), its prefill progress, and the plain
-    steps its drafter has yet to read."""
+    """One request's place in the batch: the request (with its own KV regions), its state and prefill progress, and
+    the plain steps its drafter has yet to read."""
 
     request: Request
     kv_bytes: int
     drafting: bool
-    admitted: float  # the batch clock's reading when the request joined
+    admitted: float  # the loop clock's reading when the request joined
     cancelled: Callable[[], bool] | None = None
+    state: State = State.PREFILLING
     prefilled: int = 0  # prompt tokens in the KV cache
     prompt_aux: list = field(default_factory=list)  # the prefill chunks' features (the drafter starts on them)
-    # Plain steps of a drafting request (a fallback, or a step in the batch's plain mode): their features and the
+    # Plain steps of a drafting request (a fallback, or a step the budget left undrafted): their features and the
     # tokens that followed, which the drafter reads before it drafts again.
     behind_aux: list = field(default_factory=list)
     behind_tokens: list = field(default_factory=list)
@@ -33,7 +44,7 @@ class Slot:
 
     @property
     def prefilling(self) -> bool:
-        return self.prefilled < len(self.request.prompt_ids)
+        return self.state is State.PREFILLING
 
 
 @dataclass

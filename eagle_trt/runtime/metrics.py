@@ -32,7 +32,7 @@ class GenerationMetrics:
     rejections: int = 0  # sampled draft tokens rejected (T > 0 or typical acceptance)
     fallbacks: int = 0  # times the loop switched to plain decoding after repeated misses
     fallback_tokens: int = 0  # tokens produced by those plain-decoding stretches
-    # Tokens a shared verify pass decoded plainly because drafting did not pay at that batch width (runtime/batch.py)
+    # Tokens a shared verify pass decoded plainly because drafting did not pay at that batch width (runtime/loop.py)
     undrafted_tokens: int = 0
     discarded_tokens: int = 0  # tokens the last verify step accepted past the stop (EOS or max_new_tokens)
 

@@ -38,7 +38,7 @@ class Request:
     gate: CopyGate | None = None
     output: list[int] = field(default_factory=list)
     # The request's KV regions: the target's cache and the drafter that keeps its own (the runner's when requests
-    # take turns, each request's own when they share verify passes, runtime/batch.py).
+    # take turns, each request's own when they share verify passes, runtime/loop.py).
     cache: object = None
     drafter: object = None
     # Between speculative steps: the root (chosen by the target, not yet in its KV cache), the request's proposers

@@ -2,7 +2,7 @@
 
 A forward over T tokens reads the target's weights once for all T rows, so up to tens of rows a verify pass costs
 little more than decoding one token, and past that the rows cost compute. `tune` reads the curve to choose tree
-sizes; a batched server (runtime/batch.py) to decide, each step, how many rows its requests' trees may add.
+sizes; a batched server (runtime/loop.py) to decide, each step, how many rows its requests' trees may add.
 
     curve = forward_curve(target, default_sizes(256), aux_layers=runner.aux_layers)   # {rows: seconds}
 """

@@ -1,5 +1,5 @@
 """The engine thread: requests wait in a bounded queue and are decoded together, continuously batched: every
-step of the engine is one shared target forward over all running requests (runtime/batch.py), and each request's
+step of the engine is one shared target forward over all running requests (runtime/loop.py), and each request's
 token chunks go back to the event loop as they are committed.
 
     worker = EngineWorker(lambda: Session.open(engine), max_queue=64, max_batch=8)
@@ -31,7 +31,7 @@ from typing import Callable
 from eagle_trt import timing
 from eagle_trt.config.decode import DecodeConfig
 from eagle_trt.errors import CheckpointError, EagleError
-from eagle_trt.runtime.batch import BatchRunner
+from eagle_trt.runtime.loop import DecodeLoop
 from eagle_trt.runtime.session import Session, TextStream
 from eagle_trt.runtime.verify_cost import default_sizes, forward_curve
 from eagle_trt.serve.metrics import ServeMetrics
@@ -117,7 +117,7 @@ class EngineWorker(threading.Thread):
         self.max_queue, self.max_batch, self.kv_budget, self.size_trees = max_queue, max_batch, kv_budget_bytes, \
             size_trees
         self.session: Session | None = None
-        self.batch: BatchRunner | None = None
+        self.batch: DecodeLoop | None = None
         self._waiting: deque[Job] = deque()
         self._wake = threading.Condition()
         self.stopping = threading.Event()
@@ -159,7 +159,7 @@ class EngineWorker(threading.Thread):
         try:
             self.session = self.open_session()
             runner = self.session.runner
-            self.batch = BatchRunner(runner, self.max_batch, self.kv_budget, self._cost(runner),
+            self.batch = DecodeLoop(runner, self.max_batch, self.kv_budget, self._cost(runner),
                                      size_trees=self.size_trees)
         except BaseException as e:  # noqa: BLE001 - handed to the thread that waits for it
             self._failed = e

@@ -1,22 +1,27 @@
-"""Continuous batching: every active request's rows share each target forward.
+"""The decode loop, for one request (`run`, a batch of one) and for many (`serve`): every active request's rows share
+each target forward.
 
-    batch = BatchRunner(runner, max_batch=8, cost=CostCurve(forward_ms))
-    slot = batch.admit(prompt_ids, config, on_tokens)   # None while the batch or the KV budget is full
-    while batch.active:
-        for slot in batch.step(): slot.request.output, slot.request.metrics   # requests that ended this step
+    loop = DecodeLoop(runner, max_batch=8, cost=CostCurve(forward_ms))
+    slot = loop.admit(prompt_ids, config, on_tokens)   # None while the batch or the KV budget is full
+    while loop.active:
+        for slot in loop.step(): slot.request.output, slot.request.metrics   # requests that ended this step
 
 One step (`step`), for B requests:
 
     plan     each request's work: a chunk of its prompt (prefill), one plain row, or a draft tree
              (`speculative/batch_sizing.py`: whether the batch drafts at its width, measured segment by segment,
              then how much of each tree to verify)
-    draft    the drafting requests' EAGLE-3 trees grown together, each level in one head forward over all of them
-             (`runtime/batch_drafting.py`), each on its own head cache; then each request's copies
+    draft    the drafting requests' proposers: EAGLE-3 trees of several requests grown together, each level in one
+             head forward over all of them (`runtime/batch_drafting.py`), each on its own head cache; then each
+             request's copies
     forward  ONE target forward over every request's rows (`LlamaTarget.batched_hidden_states`), each request
              against its own KV cache with its own positions and mask; the greedy rows of all of them through the
              LM head in one more call
-    resolve  each request accepts and commits on its own (the runner's `accept` and `commit_step`, as when it
-             decodes alone); the drafters then read their accepted paths in one more shared head forward
+    resolve  each request accepts and commits on its own (`runtime/commit.py`); the drafters then read their
+             accepted paths in one more shared head forward
+
+Each rule lives here once: prefill (chunked, whole for a batch of one), the plain step and its token, the fallback
+after misses, the context's end, the step record, drafting and the drafters' catch-up, the totals.
 
 Lossless whatever shares the pass: the kernels keep every row a function of that row (tests/test_native_stack.py
 checks a request's rows bit for bit batched against alone), so each greedy answer is the target's own argmax chain,
@@ -34,20 +39,22 @@ from eagle_trt.config.decode import DecodeConfig
 from eagle_trt.errors import InputError
 from eagle_trt.models.llama import Rows
 from eagle_trt.runtime.batch_drafting import batchable, extend_together, grow_together
-from eagle_trt.runtime.batch_slot import Slot, Work, kv_scales
+from eagle_trt.runtime.batch_slot import Slot, State, Work, kv_scales
+from eagle_trt.runtime.commit import Verified, accept, commit, scored_rows
 from eagle_trt.runtime.metrics import StepRecord
-from eagle_trt.runtime.proposers import DRAFTER
+from eagle_trt.runtime.proposers import DRAFTER, DraftTree, request_proposers
 from eagle_trt.runtime.request import Request
-from eagle_trt.runtime.runner import Runner, Verified
 from eagle_trt.runtime.tree_drafter import min_score_of
 from eagle_trt.speculative.batch_sizing import CostCurve, ModeChooser, path_probs, tree_sizes, width_class
 
-class BatchRunner:
-    def __init__(self, runner: Runner, max_batch: int = 8, kv_budget_bytes: int | None = None,
-                 cost: CostCurve | None = None, prefill_chunk: int = 256, size_trees: bool = True):
-        """`cost`: the target's forward ms per row count (the verify-cost curve); without it every request drafts
-        its configured tree. `prefill_chunk`: prompt rows a step takes in all, so a long prompt does not stall the
-        requests already decoding."""
+
+class DecodeLoop:
+    def __init__(self, runner, max_batch: int = 8, kv_budget_bytes: int | None = None,
+                 cost: CostCurve | None = None, prefill_chunk: int | None = 256, size_trees: bool = True):
+        """`runner`: what requests share (runtime/runner.py: the models, the runner's own KV caches, the verify-row
+        price, the clock). `cost`: the target's forward ms per row count (the verify-cost curve); without it every
+        request drafts its configured tree. `prefill_chunk`: prompt rows a step takes in all, so a long prompt does
+        not stall the requests already decoding (None: every prompt whole)."""
         self.runner, self.max_batch, self.kv_budget = runner, max_batch, kv_budget_bytes
         self.clock = runner.clock  # the runner's: one source for every timing a decision reads
         self.cost, self.prefill_chunk, self.size_trees = cost, prefill_chunk, size_trees and cost is not None
@@ -86,16 +93,22 @@ class BatchRunner:
                              f"of {self.kv_budget / 2**20:.1f} MiB; lower max_tokens or raise --kv-cache-memory")
 
     def admit(self, prompt_ids: list[int], config: DecodeConfig, on_tokens=None,
-              cancelled: Callable[[], bool] | None = None) -> Slot | None:
-        """Start a request (checked with `check` first) in the next step, or None while it does not fit."""
+              cancelled: Callable[[], bool] | None = None, own_cache: bool = False) -> Slot | None:
+        """Start a request (checked with `check` first) in the next step, or None while it does not fit.
+        own_cache: decode in the runner's preallocated KV caches (its target's and its drafter's) instead of the
+        request's own, for a loop that holds one request at a time (`Runner.generate`)."""
         if not self.fits(prompt_ids, config):
             return None
         runner = self.runner
         drafting = config.mode == "eagle" and runner.drafter is not None
         request = Request.new(prompt_ids, config, runner.eos_token_ids, drafting, on_tokens)
-        capacity = len(prompt_ids) + config.max_new_tokens + config.tree_capacity()
-        request.cache = runner.target.new_cache(capacity, runner.cache.k.dtype, *kv_scales(runner.cache))
-        request.drafter = runner.drafter.fresh(capacity) if drafting else None
+        if own_cache:
+            assert not any(s.request.cache is runner.cache for s in self.active), "the runner's caches are taken"
+            request.cache, request.drafter = runner.cache, runner.drafter if drafting else None
+        else:
+            capacity = len(prompt_ids) + config.max_new_tokens + config.tree_capacity()
+            request.cache = runner.target.new_cache(capacity, runner.cache.k.dtype, *kv_scales(runner.cache))
+            request.drafter = runner.drafter.fresh(capacity) if drafting else None
         request.cache.length = 0
         slot = Slot(request, self.kv_needed(prompt_ids, config), drafting, self.clock(), cancelled)
         self.active.append(slot)
@@ -106,6 +119,7 @@ class BatchRunner:
         """One shared forward over every active request; returns the requests that ended in it."""
         ended = [s for s in self.active if s.cancelled is not None and s.cancelled()]
         for s in ended:
+            s.state = State.CANCELLED
             s.request.metrics.stop_reason = s.request.metrics.stop_reason or "stopped"
         live = [s for s in self.active if s not in ended]
         t_step = self.clock()
@@ -115,25 +129,31 @@ class BatchRunner:
         if work:
             t_verify = self.clock()
             hidden, aux, greedy = self._forward(work)
-            rows = sum(w.n for w in work)
-            self.runner.row_price.add_step(rows, 1000 * (self.clock() - t_verify))
+            verify_s = self.clock() - t_verify
+            prefill = any(w.kind == "prefill" for w in work)
+            if not prefill and any(w.kind == "tree" for w in work):
+                # A prefill's time per row is no measure of a verify row's (copy_gate.RowPrice).
+                self.runner.row_price.add_step(sum(w.n for w in work), 1000 * verify_s)
             for w in work:
                 self._resolve(w, hidden, aux, greedy, t_verify)
             self._extend_drafters()
             self.steps += 1
-            if self._segment is not None and not any(w.kind == "prefill" for w in work):
+            if self._segment is not None and not prefill:
                 seg = self._segment
                 seg["steps"] += 1
                 seg["tokens"] += sum(len(s.request.output) for s in live) - before
                 seg["ms"] += 1000 * (self.clock() - t_step)
-        ended += [s for s in live if s.request.done]
+        finished = [s for s in live if s.request.done]
+        for s in finished:
+            s.state = State.FINISHED
+        ended += finished
         for s in ended:
             self._finish(s)
         self.active = [s for s in self.active if s not in ended]
         return ended
 
     def _plan(self, live: list[Slot]) -> list[Work]:
-        budget = self.prefill_chunk
+        budget = self.prefill_chunk if self.prefill_chunk is not None else sum(len(s.request.prompt_ids) for s in live)
         work, candidates = [], []
         for slot in live:
             request = slot.request
@@ -145,7 +165,7 @@ class BatchRunner:
                 ids = torch.tensor(request.prompt_ids[slot.prefilled:slot.prefilled + chunk])
                 work.append(Work(slot, "prefill", Rows(ids, torch.arange(slot.prefilled, slot.prefilled + chunk),
                                                        request.cache)))
-            elif not slot.drafting or self.runner.room(request) < 1 or self._falling_back(slot):
+            elif not slot.drafting or self.room(request) < 1 or self._falling_back(slot):
                 work.append(self._plain(slot))
             else:
                 candidates.append(slot)
@@ -192,7 +212,7 @@ class BatchRunner:
             request = w.slot.request
             if request.gate is not None and rate:
                 request.gate.prices(self.runner.row_price.row_ms, 1.0 / rate)
-            self.runner.draft(request, self.runner.room(request), slice(1, None), w.draft)
+            self.draft(request, self.room(request), slice(1, None), w.draft)
             tree = w.draft.tree()
             w.rows = Rows(tree.tokens, tree.positions(request.cache.length), request.cache, tree.mask)
             w.draft_s = share + self.clock() - t
@@ -227,25 +247,25 @@ class BatchRunner:
         by level in shared head forwards; any other alone."""
         runner = self.runner
         together = [s for s in slots if s.request.config.tree == "dynamic"]
-        if not batchable([s.request.drafter for s in together]):
-            together = []
+        if len(together) < 2 or not batchable([s.request.drafter for s in together]):
+            together = []  # one tree grows through its proposer, as any tree of another shape
         drafts = {}
         if together:
             shapes = []
             for s in together:
                 cfg = s.request.config
-                shapes.append((cfg.beam_width, min(cfg.draft_length, runner.room(s.request)),
+                shapes.append((cfg.beam_width, min(cfg.draft_length, self.room(s.request)),
                                min_score_of(cfg.confidence_threshold)))
             cands = grow_together([s.request.drafter for s in together], shapes)
             for s, cand in zip(together, cands):
-                draft = runner.new_draft(s.request)
+                draft = self.new_draft(s.request)
                 cfg = s.request.config
                 draft.set_tree(DRAFTER, s.request.drafter.tree_of(s.request.root, cand, cfg.total_tokens,
                                                                   min_score_of(cfg.confidence_threshold)))
                 drafts[id(s)] = draft
         out = []
         for s in slots:
-            draft = drafts.get(id(s)) or runner.draft(s.request, runner.room(s.request), slice(0, 1))
+            draft = drafts.get(id(s)) or self.draft(s.request, self.room(s.request), slice(0, 1))
             out.append(Work(s, "tree", None, draft))  # its rows once the copies are grafted
         return out
 
@@ -291,13 +311,15 @@ class BatchRunner:
         row = 0
         for w in work:
             w.first_row, row = row, row + w.n
-        need_aux = any(w.slot.drafting for w in work)
+        need_aux = any(w.slot.drafting and w.slot.request.drafter.needs_features for w in work)
         hidden, aux = runner.target.batched_hidden_states([w.rows for w in work], need_aux=need_aux,
                                                           aux_layers=runner.aux_layers)
         wanted = []
         for w in work:
             if w.kind == "tree" and w.slot.request.greedy_acceptance:
-                wanted += range(w.first_row, w.first_row + w.n)
+                scored = scored_rows(w.n, w.draft.tree().parents, runner.target.lm_head_rows)
+                wanted += (range(w.first_row, w.first_row + w.n) if scored is None
+                           else (scored + w.first_row).tolist())
             elif w.slot.request.greedy and (w.kind == "plain" or w.slot.prefilled + w.n == len(
                     w.slot.request.prompt_ids)):
                 wanted.append(w.first_row + w.n - 1)
@@ -331,8 +353,9 @@ class BatchRunner:
         request.cache.length = slot.prefilled
         if slot.drafting:
             slot.prompt_aux.append(aux)
-        if slot.prefilling:
+        if slot.prefilled < len(request.prompt_ids):
             return
+        slot.state = State.DECODING
         root = self._next_token(w, hidden, greedy)
         request.metrics.prefill_s = self.clock() - slot.admitted
         request.root = root
@@ -340,11 +363,11 @@ class BatchRunner:
         if slot.drafting and not request.done:
             feats = torch.cat(slot.prompt_aux) if request.drafter.needs_features else None
             slot.prompt_aux = []
-            self.runner.start_drafting(request, feats, root)
+            self._start_drafting(request, feats, root)
 
     def _plain_done(self, w: Work, hidden, aux, greedy: torch.Tensor, t_verify: float) -> None:
         slot, request = w.slot, w.slot.request
-        out_of_room = slot.drafting and self.runner.room(request) < 1  # why this drafting request went plain
+        out_of_room = slot.drafting and self.room(request) < 1  # why this drafting request went plain
         nxt = self._next_token(w, hidden, greedy)
         request.cache.length += 1
         if not slot.drafting:
@@ -368,8 +391,8 @@ class BatchRunner:
         if request.greedy_acceptance:
             target_next = greedy[w.first_row:w.first_row + w.n]
         verified = Verified(hidden, aux)
-        accepted = runner.accept(request, w.draft, verified, target_next)
-        feed = runner.commit_step(request, w.draft, verified, accepted, w.draft_s, t_verify, extend=False)
+        accepted = accept(runner.target, request, w.draft, verified, target_next)
+        feed = commit(request, w.draft, verified, accepted, w.draft_s, self.clock() - t_verify)
         if feed is not None:
             self._to_extend.append((slot, *feed))
 
@@ -383,6 +406,36 @@ class BatchRunner:
         spent = self.clock() - t
         for slot, _, _ in feeds:
             slot.request.carry_draft_s = spent / len(feeds)
+
+    # ---- a request's drafting ----------------------------------------------------------------------------
+    def _start_drafting(self, request: Request, aux: torch.Tensor | None, root: int) -> None:
+        """After the prompt's prefill chose `root`: the request's drafter reads the prompt (and its features), and
+        its proposers are made."""
+        t = self.clock()
+        request.drafter.start(torch.tensor(request.prompt_ids), aux, root)
+        request.root, request.carry_draft_s = root, self.clock() - t
+        request.proposers = request_proposers(request.drafter, self.runner.datastore, request)
+
+    def room(self, request: Request) -> int:
+        """How deep this step's tree may go: the deepest node sits at position n + depth, so no node (drafted or
+        copied) goes deeper than the tokens still to emit, nor past the model's last position."""
+        return min(request.left, self.runner.max_positions - 1 - request.cache.length)
+
+    def draft(self, request: Request, room: int, proposers: slice = slice(None),
+              draft: DraftTree | None = None) -> DraftTree:
+        """The request's proposers' guesses for this step (those in `proposers`, added to `draft`), in one tree below
+        the root, no deeper than `room`."""
+        if draft is None:
+            draft = self.new_draft(request)
+        for proposer in request.proposers[proposers]:
+            proposer.propose(draft, request, room)
+        return draft
+
+    def new_draft(self, request: Request) -> DraftTree:
+        """This step's empty tree below the request's root (the copy gate priced for it first)."""
+        if request.gate is not None:
+            request.gate.prices(self.runner.row_price.row_ms, request.token_ms)
+        return DraftTree.rooted(request.root)
 
     def _finish(self, slot: Slot) -> None:
         m = slot.request.metrics
