@@ -51,7 +51,7 @@ class TickClock:
 
 def decision_clock() -> Clock | None:
     """The clock `EAGLE_TRT_CLOCK` names for an engine's decode decisions: `tick` (a `TickClock`: the copy gate,
-    the batch's mode chooser and the tree cut decide the same way on every run, whatever the load; the step times
+    the step budget and the tree cut decide the same way on every run, whatever the load; the step times
     they report are then counts, not seconds), `wall` or unset (None: the wall clock)."""
     name = os.environ.get(CLOCK_ENV, "wall").strip().lower()
     if name in ("", "wall"):

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 # The tests whose decode policies read the clock: the copy gate, prompt lookup, continuous batching, the end of
 # the context, and the server's batching.
 DECODE_TESTS = ["tests/test_copy_gate.py", "tests/test_lookup.py", "tests/test_batch.py",
-                "tests/test_batch_sizing.py", "tests/test_context_end.py", "tests/test_serve.py"]
+                "tests/test_step_budget.py", "tests/test_context_end.py", "tests/test_serve.py"]
 SUMMARY = re.compile(r"(\d+) (passed|failed|error|errors|skipped)")
 
 

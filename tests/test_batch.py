@@ -2,7 +2,7 @@
 
 Greedy: every request, whatever its arrival step and whatever shares its passes, equals `--mode ar` of its prompt
 alone, token for token. Seeded sampling: the same tokens as the same request alone. The batch-aware sizing trims
-trees and skips drafting where it does not pay, and must stay lossless while it does.
+trees and skips drafting where it does not pay (the step budget, runtime/budget.py), and must stay lossless while it does.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from eagle_trt.runtime.loop import DecodeLoop
 from eagle_trt.runtime.session import Session
-from eagle_trt.speculative.batch_sizing import CostCurve
+from eagle_trt.speculative.step_budget import CostCurve
 from eagle_trt.timing import TickClock
 
 
@@ -20,7 +20,7 @@ from eagle_trt.timing import TickClock
 def session(tiny_checkpoint, tmp_path_factory):
     from conftest import build_tiny_engine
 
-    # The clock pinned (eagle_trt/timing.py): the mode chooser's rates, the copy gate's prices and the drafting
+    # The clock pinned (eagle_trt/timing.py): the budget's drafting times, the copy gate's prices and the drafting
     # shares are counts of clock readings, so which steps draft does not depend on the machine's load.
     return Session.open(build_tiny_engine(tiny_checkpoint, tmp_path_factory.mktemp("batch")), clock=TickClock())
 
@@ -88,42 +88,45 @@ def test_dear_rows_cut_every_drafted_node_and_cheap_rows_keep_them(session):
     assert [r.output for r in got["dear"]] == [r.output for r in got["cheap"]]
 
 
-def test_the_batch_alternates_modes_by_measurement_and_stays_lossless(session):
-    """Long enough for the chooser to measure both modes at one width: some steps plain, some drafted, and
-    every answer still its solo plain one."""
+def test_drafting_that_does_not_pay_is_left_and_probed_again(session):
+    """Rows that cost whole forwards: after its first drafted steps a request decodes plainly, and drafts again only
+    at the budget's probes (gaps that double); every answer is still its solo plain one."""
     vocab = session.runner.target.spec.vocab_size
     prompts = _prompts(3, vocab)
-    cfg = session.decode_config(max_new_tokens=110)
+    cfg = session.decode_config(max_new_tokens=110, fallback_after=0)
     solo = [session.runner.generate(p, session.decode_config(max_new_tokens=110, mode="ar")).token_ids
             for p in prompts]
-    batch = DecodeLoop(session.runner, max_batch=3, cost=CHEAP)
+    batch = DecodeLoop(session.runner, max_batch=3, cost=DEAR)
     slots = [batch.admit(p, cfg) for p in prompts]
     while batch.active:
         batch.step()
     assert [s.request.output for s in slots] == solo
-    assert {mode for (width, mode) in batch.modes.rates} == {"draft", "plain"}
-    assert any(s.request.metrics.undrafted_tokens for s in slots)
+    for s in slots:
+        m = s.request.metrics
+        assert m.undrafted_tokens > 0 and m.steps  # plain steps, and drafted ones (the first, the probes)
+        assert m.undrafted_tokens > 4 * len(m.steps)
+        assert s.probe.gap > s.probe.MIN_GAP  # the probes lost: their gap grew
 
 
 def test_a_pinned_clock_makes_the_batch_decide_alike_every_time(tiny_checkpoint, tmp_path):
-    """Two fresh engines on TickClocks: every mode the chooser picks, every tree cut and every copy verified is the
-    same, step for step (on the wall clock these follow the machine's load; the tokens never do)."""
+    """Two fresh engines on TickClocks: every request the budget drafts, every tree cut and every copy verified is
+    the same, step for step (on the wall clock these follow the machine's load; the tokens never do)."""
     from conftest import build_tiny_engine
 
     engine = build_tiny_engine(tiny_checkpoint, tmp_path)
     runs = []
-    for _ in range(2):
+    for cost in (CHEAP, CHEAP, None, None):  # a measured curve, and the one the runner's budget learns
         s = Session.open(engine, clock=TickClock())
         prompts = _prompts(3, s.runner.target.spec.vocab_size)
-        batch = DecodeLoop(s.runner, max_batch=3, cost=CHEAP)
+        batch = DecodeLoop(s.runner, max_batch=3, cost=cost)
         slots = [batch.admit(p, s.decode_config(max_new_tokens=60)) for p in prompts]
         while batch.active:
             batch.step()
         runs.append(([[(st.accepted, st.tree_size, st.lookup_size) for st in sl.request.metrics.steps]
                       for sl in slots], [sl.request.metrics.undrafted_tokens for sl in slots],
-                     {k: ema.get(0.0) for k, ema in batch.modes.rates.items()}))
-    assert runs[0] == runs[1]
-    assert sum(runs[0][1]) > 0  # the chooser tried plain steps too
+                     batch.budget.history.outlook()))
+    assert runs[0] == runs[1] and runs[2] == runs[3]
+    assert sum(runs[2][1]) > 0  # the learned curve timed a plain pass first
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch(session):

@@ -74,7 +74,8 @@ def runner(tiny_model_dir, tiny_head_dir):
     """Its clock pinned: a token's worth (and any row price a step could learn) is a count of clock readings, the
     same on a loaded machine as on a quiet one."""
     target = LlamaTarget.load(tiny_model_dir)
-    return Runner(target, Eagle3DraftHead.load(tiny_head_dir, target), capacity=512, clock=TickClock())
+    # The configured trees (no step budget): these tests put the gate's cuts against the copies it was offered.
+    return Runner(target, Eagle3DraftHead.load(tiny_head_dir, target), capacity=512, clock=TickClock(), budget=False)
 
 
 class FixedPrice(RowPrice):

@@ -227,7 +227,7 @@ def test_batched_requests_accept_drafts_and_equal_their_solo_plain_answers(runne
     every request, arriving at different steps beside others, equals its solo --mode ar answer token for token, and
     the batch's verify passes accepted draft tokens (a lossless check over drafts that all miss proves little)."""
     from eagle_trt.runtime.loop import DecodeLoop
-    from eagle_trt.speculative.batch_sizing import CostCurve
+    from eagle_trt.speculative.step_budget import CostCurve
 
     runner = runners[draft]
     g = torch.Generator().manual_seed(3)
@@ -235,7 +235,7 @@ def test_batched_requests_accept_drafts_and_equal_their_solo_plain_answers(runne
     lengths = [30, 9, 24, 1, 40]
     solo = [ar(runner, p, n) for p, n in zip(prompts, lengths)]
     curve = CostCurve({1: 10.0, 64: 11.0, 512: 20.0}) if cost else None
-    batch = DecodeLoop(runner, max_batch=3, cost=curve)
+    batch = DecodeLoop(runner, max_batch=3, cost=curve, size_trees=cost)
     cfg = [DecodeConfig(max_new_tokens=n, eos_token_ids=[], tree="dynamic", draft_length=4, beam_width=2,
                         total_tokens=8, lookup_tokens=0, fallback_after=0) for n in lengths]
     arrivals, waiting, slots, out, step = [0, 0, 2, 5, 6], list(range(5)), {}, {}, 0
@@ -252,6 +252,6 @@ def test_batched_requests_accept_drafts_and_equal_their_solo_plain_answers(runne
         assert step < 2000
     assert [out[i] for i in range(5)] == solo
     accepted = sum(st.accepted for s in slots.values() for st in s.request.metrics.steps)
-    # The target as its own draft, every request drafting: most tokens come from accepted drafts. Sized by a cost
-    # curve, the batch also runs measured plain segments (speculative/batch_sizing.py's ModeChooser), fewer then.
+    # The target as its own draft, every request drafting its configured tree: most tokens come from accepted
+    # drafts. Under the step budget (runtime/budget.py) a request drafts only where its drafting pays, fewer then.
     assert accepted > (sum(lengths) // 2 if draft == "same" and cost is None else 5), accepted

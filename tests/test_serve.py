@@ -206,7 +206,7 @@ def test_the_engine_thread_opens_the_session_it_runs(engine):
     w = EngineWorker(lambda: seen.append(threading.current_thread()) or opened.append(Session.open(engine))
                      or opened[0])
     assert w.start_and_wait() is opened[0] and seen == [w]
-    assert w.batch.cost is not None  # the verify-cost curve, measured on the engine thread too
+    assert w.batch.budget.measured is not None  # the verify-cost curve, measured on the engine thread too
     w.stop()
     w.join(10)
     failing = EngineWorker(lambda: (_ for _ in ()).throw(RuntimeError("no engine")))

@@ -12,6 +12,7 @@ import torch
 from eagle_trt.models.llama import Rows
 from eagle_trt.runtime.proposers import DraftTree
 from eagle_trt.runtime.request import Request
+from eagle_trt.speculative.step_budget import DepthCalibration, DraftHistory, Probe
 
 
 class State(enum.Enum):
@@ -41,6 +42,10 @@ class Slot:
     behind_aux: list = field(default_factory=list)
     behind_tokens: list = field(default_factory=list)
     fallback_left: int = 0
+    # The budget's measures of this request (runtime/budget.py; set on admission where a budget decides).
+    history: DraftHistory | None = None
+    calibration: DepthCalibration | None = None
+    probe: Probe = field(default_factory=Probe)
 
     @property
     def prefilling(self) -> bool:
@@ -57,6 +62,7 @@ class Work:
     draft: DraftTree | None = None
     draft_s: float = 0.0
     first_row: int = 0  # its first row in the pass
+    values: list[float] | None = None  # a scored tree's calibrated node values before the budget's cut
 
     @property
     def n(self) -> int:

@@ -40,12 +40,13 @@ from eagle_trt.errors import InputError
 from eagle_trt.models.llama import Rows
 from eagle_trt.runtime.batch_drafting import batchable, extend_together, grow_together
 from eagle_trt.runtime.batch_slot import Slot, State, Work, kv_scales
+from eagle_trt.runtime.budget import LoopBudget
 from eagle_trt.runtime.commit import Verified, accept, commit, scored_rows
 from eagle_trt.runtime.metrics import StepRecord
 from eagle_trt.runtime.proposers import DRAFTER, DraftTree, request_proposers
 from eagle_trt.runtime.request import Request
 from eagle_trt.runtime.tree_drafter import min_score_of
-from eagle_trt.speculative.batch_sizing import CostCurve, ModeChooser, path_probs, tree_sizes, width_class
+from eagle_trt.speculative.step_budget import CostCurve, Ema
 
 
 class DecodeLoop:
@@ -57,11 +58,17 @@ class DecodeLoop:
         not stall the requests already decoding (None: every prompt whole)."""
         self.runner, self.max_batch, self.kv_budget = runner, max_batch, kv_budget_bytes
         self.clock = runner.clock  # the runner's: one source for every timing a decision reads
-        self.cost, self.prefill_chunk, self.size_trees = cost, prefill_chunk, size_trees and cost is not None
+        self.prefill_chunk = prefill_chunk
+        # Who drafts and how much of each tree is verified (runtime/budget.py): on a measured curve, or the runner's
+        # own budget, which learns the curve from the passes (None: every request drafts its configured tree).
+        self.budget = None
+        if size_trees:
+            self.budget = LoopBudget(cost) if cost is not None else runner.budget
         self.active: list[Slot] = []
+        # What a committed token costs this loop, everything in its steps counted: what a copied row must buy back
+        # (the copy gate's token worth, speculative/copy_gate.py).
+        self.token_ms = Ema(0.2)
         self._to_extend: list[tuple] = []  # (slot, features, tokens) its drafter reads after this step
-        self.modes = ModeChooser()  # whether a batch of each width drafts, measured (speculative/batch_sizing.py)
-        self._segment: dict | None = None  # the steps so far in the chooser's current mode
         target = runner.target
         one_slot = target.new_cache(1, runner.cache.k.dtype)
         self._token_bytes = one_slot.nbytes + (runner.drafter.cache.nbytes // runner.drafter.cache.capacity
@@ -111,6 +118,8 @@ class DecodeLoop:
             request.drafter = runner.drafter.fresh(capacity) if drafting else None
         request.cache.length = 0
         slot = Slot(request, self.kv_needed(prompt_ids, config), drafting, self.clock(), cancelled)
+        if self.budget is not None:
+            self.budget.start(slot)
         self.active.append(slot)
         return slot
 
@@ -122,27 +131,19 @@ class DecodeLoop:
             s.state = State.CANCELLED
             s.request.metrics.stop_reason = s.request.metrics.stop_reason or "stopped"
         live = [s for s in self.active if s not in ended]
-        t_step = self.clock()
-        before = sum(len(s.request.output) for s in live)
-        self._pick_mode(live)
+        t_step, before = self.clock(), sum(len(s.request.output) for s in live)
         work = self._plan(live)
         if work:
             t_verify = self.clock()
             hidden, aux, greedy = self._forward(work)
-            verify_s = self.clock() - t_verify
-            prefill = any(w.kind == "prefill" for w in work)
-            if not prefill and any(w.kind == "tree" for w in work):
-                # A prefill's time per row is no measure of a verify row's (copy_gate.RowPrice).
-                self.runner.row_price.add_step(sum(w.n for w in work), 1000 * verify_s)
+            self._timed(work, self.clock() - t_verify)
             for w in work:
                 self._resolve(w, hidden, aux, greedy, t_verify)
             self._extend_drafters()
             self.steps += 1
-            if self._segment is not None and not prefill:
-                seg = self._segment
-                seg["steps"] += 1
-                seg["tokens"] += sum(len(s.request.output) for s in live) - before
-                seg["ms"] += 1000 * (self.clock() - t_step)
+            if not any(w.kind == "prefill" for w in work):
+                made = sum(len(s.request.output) for s in live) - before
+                self.token_ms.add(1000 * (self.clock() - t_step) / max(made, 1))
         finished = [s for s in live if s.request.done]
         for s in finished:
             s.state = State.FINISHED
@@ -151,6 +152,17 @@ class DecodeLoop:
             self._finish(s)
         self.active = [s for s in self.active if s not in ended]
         return ended
+
+    def _timed(self, work: list[Work], seconds: float) -> None:
+        """A pass's forward time: what a verify row costs (copy_gate.RowPrice) and the budget's learned curve. A
+        prefill's time per row is no measure of either (a long prefill is compute-bound)."""
+        if any(w.kind == "prefill" for w in work):
+            return
+        rows = sum(w.n for w in work)
+        if any(w.kind == "tree" for w in work):
+            self.runner.row_price.add_step(rows, 1000 * seconds)
+        if self.budget is not None:
+            self.budget.passed(rows, 1000 * seconds)
 
     def _plan(self, live: list[Slot]) -> list[Work]:
         budget = self.prefill_chunk if self.prefill_chunk is not None else sum(len(s.request.prompt_ids) for s in live)
@@ -186,11 +198,13 @@ class DecodeLoop:
         return Work(slot, "plain", Rows(torch.tensor([request.root]), torch.tensor([n]), request.cache))
 
     def _drafted(self, candidates: list[Slot], fixed: list[Work]) -> list[Work]:
-        """The drafting requests' work: who drafts (greedy requests as the mode chooser says; sampling ones always),
-        their trees, cut to the batch's best sizes, then their copies."""
+        """The drafting requests' work: who drafts (greedy requests as the budget says; sampling ones always), their
+        trees, cut to the step's best rate, then their copies."""
         if not candidates:
             return []
-        plan = self._drafting_plan(candidates, fixed)
+        fixed_rows = sum(x.n for x in fixed)
+        decoding = sum(1 for x in fixed if x.kind == "plain") + len(candidates)
+        plan = self._drafting_plan(candidates, fixed_rows, decoding)
         work = []
         for slot in candidates:
             if not plan[id(slot)]:
@@ -203,44 +217,37 @@ class DecodeLoop:
         self._catch_up(drafting)
         trees = self._trees(drafting)
         share = (self.clock() - t) / len(trees)
-        self._cut_trees(trees, sum(x.n for x in fixed) + len(work), len(fixed) + len(candidates))
-        # A token is worth what the batch's time buys, not what this request's share of the step cost it: the
-        # copy gate prices copied rows with that (speculative/copy_gate.py).
-        rate = self.modes.best_rate(width_class(len(candidates)))
+        for w in trees:
+            w.draft_s = share
+        if self.budget is not None:
+            self.budget.cut(trees, fixed_rows + len(work), decoding)
+        # A token is worth what the loop's time buys per token, not what this request's share of a shared step
+        # cost it: the copy gate prices copied rows with that (speculative/copy_gate.py).
         for w in trees:
             t = self.clock()
             request = w.slot.request
-            if request.gate is not None and rate:
-                request.gate.prices(self.runner.row_price.row_ms, 1.0 / rate)
+            if request.gate is not None and self.token_ms.value:
+                request.gate.prices(self.runner.row_price.row_ms, self.token_ms.value)
             self.draft(request, self.room(request), slice(1, None), w.draft)
             tree = w.draft.tree()
             w.rows = Rows(tree.tokens, tree.positions(request.cache.length), request.cache, tree.mask)
-            w.draft_s = share + self.clock() - t
+            w.draft_s += self.clock() - t
         return work + trees
 
-    def _drafting_plan(self, candidates: list[Slot], fixed: list[Work]) -> dict[int, bool]:
-        """id(slot) -> whether it drafts this step: greedy requests as the mode chooser says for this batch width;
-        sampling requests always (their draws must not depend on the batch)."""
-        plain = self._segment is not None and self._segment["mode"] == "plain"
-        return {id(s): not (plain and s.request.greedy_acceptance) for s in candidates}
-
-    def _pick_mode(self, live: list[Slot]) -> None:
-        """Close the chooser's segment when it is full or the batch's width class changed (a closed loop of clients
-        changes the width by one every few steps: the classes keep segments whole), and open the next one."""
-        if not self.size_trees:
-            return
-        width = width_class(sum(1 for s in live if not s.prefilling and s.drafting))
-        seg = self._segment
-        if seg is not None and seg["width"] == width and seg["steps"] < seg["length"]:
-            return
-        if seg is not None and seg["steps"] >= 3:  # a segment cut short by arrivals still counts if it ran a while
-            self.modes.record(seg["width"], seg["mode"], seg["tokens"], seg["ms"], seg["steps"])
-        if width == 0:
-            self._segment = None
-            return
-        mode, exploring = self.modes.choose(width), self.modes.exploring(width)
-        self._segment = {"width": width, "mode": mode, "steps": 0, "tokens": 0, "ms": 0.0,
-                         "length": ModeChooser.TRY if exploring else ModeChooser.SEGMENT}
+    def _drafting_plan(self, candidates: list[Slot], fixed_rows: int, decoding: int) -> dict[int, bool]:
+        """id(slot) -> whether it drafts this step: greedy requests as the budget says; sampling requests always
+        (their draws must not depend on the batch). Where the budget learns its curve and has not timed a one-row
+        pass yet, one greedy request decodes plainly to time it."""
+        plan = {id(s): True for s in candidates}
+        greedy = [s for s in candidates if s.request.greedy_acceptance]
+        if self.budget is None or not greedy:
+            return plan
+        if self.budget.measuring():
+            plan[id(greedy[0])] = False
+            return plan
+        for s, drafts in zip(greedy, self.budget.drafters(greedy, fixed_rows, decoding)):
+            plan[id(s)] = drafts
+        return plan
 
     def _trees(self, slots: list[Slot]) -> list[Work]:
         """Each slot's drafted tree (its first proposer's): dynamic trees of EAGLE-3 drafters grown together, level
@@ -268,21 +275,6 @@ class DecodeLoop:
             draft = drafts.get(id(s)) or self.draft(s.request, self.room(s.request), slice(0, 1))
             out.append(Work(s, "tree", None, draft))  # its rows once the copies are grafted
         return out
-
-    def _cut_trees(self, trees: list[Work], fixed_rows: int, plain: int) -> None:
-        """Each greedy request's scored tree cut to the size that maximises the batch's expected tokens per ms."""
-        sizable = [w for w in trees if self.size_trees and w.slot.request.greedy_acceptance
-                   and w.draft._tree is not None and w.draft._tree.scores is not None]
-        if not sizable:
-            return
-        fixed_rows += len(trees) + sum(w.draft.size - 1 for w in trees if w not in sizable)
-        probs = [path_probs(w.draft._tree.scores[1:]) for w in sizable]
-        # A row's time is worth what the batch's faster mode achieves per ms (before any measurement: plain
-        # decoding's, by the curve).
-        width = self._segment["width"] if self._segment is not None else width_class(len(trees))
-        rate = self.modes.best_rate(width) or plain / self.cost(fixed_rows)
-        for w, n in zip(sizable, tree_sizes(probs, fixed_rows, self.cost, rate)):
-            w.draft.keep_best(n)
 
     def _catch_up(self, slots: list[Slot]) -> None:
         """The drafters read the plain steps they missed (their features and the tokens after them)."""
@@ -387,12 +379,16 @@ class DecodeLoop:
 
     def _tree_done(self, w: Work, hidden, aux, greedy: torch.Tensor, t_verify: float) -> None:
         slot, request, runner = w.slot, w.slot.request, self.runner
+        t, carry = self.clock(), request.carry_draft_s
         target_next = None
         if request.greedy_acceptance:
             target_next = greedy[w.first_row:w.first_row + w.n]
         verified = Verified(hidden, aux)
         accepted = accept(runner.target, request, w.draft, verified, target_next)
         feed = commit(request, w.draft, verified, accepted, w.draft_s, self.clock() - t_verify)
+        if self.budget is not None and slot.history is not None:
+            self.budget.observe(w, accepted.nodes, carry + w.draft_s + self.clock() - t,
+                                planned=self.budget.planned)
         if feed is not None:
             self._to_extend.append((slot, *feed))
 

@@ -59,6 +59,7 @@ class DraftTree:
     # q [V] per node drawn at random from the drafter's own distribution (verified by min(1, p/q)); None: every
     # node is a deterministic pick, a point mass to the verifier.
     proposals: dict[int, torch.Tensor] | None = None
+    drafted: Tree | None = None  # the first proposer's tree as it set it (cut by keep_best), scores included
     copies: list[list[int]] = field(default_factory=list)  # copy chains grafted so far, after their cuts
     offered: list[list[int]] = field(default_factory=list)  # copy chains proposed so far, before any cut
 
@@ -95,22 +96,26 @@ class DraftTree:
         """The first proposer's nodes: a whole tree below the root."""
         assert self.size == 1, "a drafted tree comes first"
         self._tree, self._tokens, self._parents, self.proposals = tree, None, None, proposals
+        self.drafted = tree
         self.spans.append(Span(source, 1, self.size))
 
-    def keep_best(self, n: int) -> None:
+    def keep_best(self, n: int, values: list[float] | None = None) -> None:
         """Cut the drafted tree (the only proposer so far, with scored nodes) to its `n` best nodes below the root:
-        the highest cumulative log-probs, ties to the earlier node, so the kept set is closed under ancestors."""
+        the highest `values` (one per node below the root; by default the cumulative log-probs), ties to the earlier
+        node. A node's value must not exceed its parent's, so the kept set is closed under ancestors."""
         tree = self._tree
         assert tree is not None and tree.scores is not None and len(self.spans) == 1, "a scored drafted tree only"
         scores = tree.scores
         if n >= len(scores) - 1:
             return
-        kept = sorted(sorted(range(1, len(scores)), key=lambda j: (-scores[j], j))[:n])
+        rank = scores if values is None else [0.0] + list(values)
+        kept = sorted(sorted(range(1, len(scores)), key=lambda j: (-rank[j], j))[:n])
         index = {0: 0, **{j: i for i, j in enumerate(kept, start=1)}}
         parents = tree.parents.tolist()
         cut = tree_from_parents(tree.tokens[[0] + kept], [-1] + [index[parents[j]] for j in kept])
         cut.scores = [0.0] + [scores[j] for j in kept]
         self._tree, self._tokens, self._parents = cut, None, None
+        self.drafted = cut
         self.spans = [Span(self.spans[0].source, 1, self.size)]
 
     def graft(self, source: str, chains: list[list[int]]) -> None:

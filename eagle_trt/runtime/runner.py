@@ -23,6 +23,7 @@ from eagle_trt.config.decode import DecodeConfig
 from eagle_trt.errors import InputError
 from eagle_trt.models.draft_head import Eagle3DraftHead
 from eagle_trt.models.llama import LlamaTarget
+from eagle_trt.runtime.budget import LoopBudget
 from eagle_trt.runtime.drafter import Drafter
 from eagle_trt.runtime.loop import DecodeLoop
 from eagle_trt.runtime.metrics import GenerationMetrics
@@ -44,10 +45,12 @@ class Runner:
                  kv_dtype: torch.dtype | None = None, k_scales=None, v_scales=None, max_input_len: int | None = None,
                  draft_k_scales=None, draft_v_scales=None, datastore: Datastore | None = None,
                  eos_token_ids: list[int] | None = None, tree_room: int | None = None,
-                 drafter: TreeDrafter | None = None, clock: Clock | None = None):
+                 drafter: TreeDrafter | None = None, clock: Clock | None = None, budget: bool = True):
         """`head`: an EAGLE-3 head, drafted with by `Drafter`; or `drafter`: any other (runtime/tree_drafter.py).
         `clock`: where every timing the decode policies read comes from (eagle_trt/timing.py); the wall clock by
-        default, a `TickClock` where a test needs the same decisions under any load."""
+        default, a `TickClock` where a test needs the same decisions under any load. `budget`: greedy requests draft
+        and verify only what pays on this machine (runtime/budget.py, its verify-cost curve learned from the passes);
+        False: every request drafts its configured tree."""
         self.clock = clock_or_default(clock)
         self.target, self.head = target, head
         self.tree_room = tree_room or capacity  # KV slots set aside for a step's tree (root and copies included)
@@ -70,6 +73,7 @@ class Runner:
             drafter = Drafter(head, capacity, kv_dtype, draft_k_scales, draft_v_scales, self.max_positions)
         self.drafter = drafter
         self.row_price = RowPrice()  # what a verify row costs here, learned across requests (adaptive lookup)
+        self.budget = LoopBudget() if budget else None  # learned across requests too
         if drafter is not None:  # a draft model's own RoPE range may be shorter than the target's
             self.max_positions = min(self.max_positions, drafter.max_positions)
 
@@ -79,7 +83,7 @@ class Runner:
         """One request, decoded as a batch of one by the decode loop (runtime/loop.py) in the runner's own KV
         caches, its prompt prefilled whole."""
         self.check_prompt(prompt_ids, config)
-        loop = DecodeLoop(self, max_batch=1, prefill_chunk=None)
+        loop = DecodeLoop(self, max_batch=1, prefill_chunk=None, size_trees=self.budget is not None)
         slot = loop.admit(prompt_ids, config, on_tokens, own_cache=True)
         while loop.active:
             loop.step()

@@ -37,7 +37,7 @@ from eagle_trt.runtime.verify_cost import default_sizes, forward_curve
 from eagle_trt.serve.metrics import ServeMetrics
 from eagle_trt.serve.stops import StopScanner
 from eagle_trt.serve.wire import ApiError
-from eagle_trt.speculative.batch_sizing import CostCurve
+from eagle_trt.speculative.step_budget import CostCurve
 
 log = logging.getLogger("eagle_trt.serve")
 FINISH = {"eos": "stop", "stopped": "stop", "length": "length", "context": "length"}
