@@ -67,7 +67,8 @@ def session(request, tmp_path_factory):
                         "weights": "auto", "draft_weights": shipped["draft_weights"],  # as the shipped config builds it
                         "max_input_len": 256, "max_output_len": 64})
     build_engine(cfg, output_dir=tmp / "engine")
-    return Session.open(tmp / "engine", clock=TickClock())
+    # The configured trees (no step budget): what the head itself accepts.
+    return Session.open(tmp / "engine", clock=TickClock(), budget=False)
 
 
 @pytest.mark.slow

@@ -43,7 +43,8 @@ def session(tmp_path_factory):
     cfg = parse_config({"name": "smollm2-test", "checkpoint_dir": str(tmp / "ckpt"), "max_output_len": 256,
                         "dtype": "float32", "weights": "float"})
     build_engine(cfg, output_dir=tmp / "engine")
-    return Session.open(tmp / "engine", clock=TickClock())
+    # The configured trees (no step budget): what the head and the datastore themselves bring.
+    return Session.open(tmp / "engine", clock=TickClock(), budget=False)
 
 
 @pytest.fixture(scope="module")

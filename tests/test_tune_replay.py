@@ -68,7 +68,7 @@ def test_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
     from eagle_trt.bench.tune_replay import replay
     from eagle_trt.runtime.session import Session
 
-    session = Session.open(engine, verify=False, clock=TickClock())
+    session = Session.open(engine, verify=False, clock=TickClock(), budget=False)  # the configured trees
     ids = session.encode("Hello world")
     ar = session.runner.generate(ids, session.decode_config(mode="ar", max_new_tokens=24, tuned=False)).token_ids
     drafter = session.runner.drafter
@@ -111,7 +111,7 @@ def test_lookup_replay_matches_the_runtime_step_by_step(engine, monkeypatch):
     from eagle_trt.runtime.session import Session
     from eagle_trt.speculative.datastore import Datastore
 
-    session = Session.open(engine, verify=False, clock=TickClock())
+    session = Session.open(engine, verify=False, clock=TickClock(), budget=False)  # the configured trees
     runner = session.runner
     ids = session.encode("Hello world, hello world")
     ar = runner.generate(ids, session.decode_config(mode="ar", max_new_tokens=40, tuned=False)).token_ids

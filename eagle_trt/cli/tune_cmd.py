@@ -98,7 +98,9 @@ def _tune(engine, prompts, limit, max_new_tokens, positions, max_depth, beams, t
     thresholds = _thresholds(confidence_thresholds)
     apply_threads(threads)
     huge_pages.prefer()  # tune decodes for long, and measures the memory serve and bench decode from
-    session = Session.open(engine, verify=not skip_verify)
+    # The configured trees as they are: tune's model and its end-to-end checks time the settings themselves, on
+    # which `run`'s step budget then decides step by step.
+    session = Session.open(engine, verify=not skip_verify, budget=False)
     cfg = session.config
     if cfg.backend != "torch":
         raise InputError("eagle-trt tune measures torch engines; this one is built for TensorRT-LLM")

@@ -45,11 +45,13 @@ class Session:
 
     @classmethod
     def open(cls, engine_path: str | Path, verify: bool = True, device: str = "cpu",
-             just_written: bool = False, block_compute: str | None = None, clock: Clock | None = None) -> "Session":
+             just_written: bool = False, block_compute: str | None = None, clock: Clock | None = None,
+             budget: bool = True) -> "Session":
         """just_written: `build` opening the engine it wrote a moment ago (see `open_engine`). block_compute: how block
         weights compute (float or int8), instead of the manifest's (for side-by-side benchmarks). clock: the
         runner's (eagle_trt/timing.py; a test's `TickClock` pins every timing-driven decision); by default the one
-        `EAGLE_TRT_CLOCK` names, else the wall clock."""
+        `EAGLE_TRT_CLOCK` names, else the wall clock. budget=False: every request drafts its configured tree, with
+        no step budget (runtime/budget.py) deciding who drafts and cutting trees (what `tune` measures)."""
         private_cache.check_settings()  # a bad cache setting fails before anything loads
         clock = clock if clock is not None else decision_clock()
         engine = open_engine(engine_path, verify=verify, just_written=just_written)
@@ -81,7 +83,7 @@ class Session:
                         draft_k_scales=scales.get("draft.k_scales"), draft_v_scales=scales.get("draft.v_scales"),
                         datastore=_datastore(Path(engine.draft_dir), target.spec.vocab_size),
                         eos_token_ids=eos_from_files(engine.target_dir, engine.tokenizer_dir, tokenizer=tokenizer),
-                        tree_room=tree_room, drafter=drafter, clock=clock)
+                        tree_room=tree_room, drafter=drafter, clock=clock, budget=budget)
         return cls(engine, runner, tokenizer)
 
     @property
