@@ -88,9 +88,10 @@ def test_dear_rows_cut_every_drafted_node_and_cheap_rows_keep_them(session):
     assert [r.output for r in got["dear"]] == [r.output for r in got["cheap"]]
 
 
-def test_drafting_that_does_not_pay_is_left_and_probed_again(session):
-    """Rows that cost whole forwards: after its first drafted steps a request decodes plainly, and drafts again only
-    at the budget's probes (gaps that double); every answer is still its solo plain one."""
+def test_drafting_that_does_not_pay_is_left(session):
+    """Rows that cost whole forwards: after the batch's first drafted steps (nothing measured yet) every request
+    decodes plainly, and drafting being far from paying, no request probes it again; every answer is still its
+    solo plain one."""
     vocab = session.runner.target.spec.vocab_size
     prompts = _prompts(3, vocab)
     cfg = session.decode_config(max_new_tokens=110, fallback_after=0)
@@ -101,11 +102,10 @@ def test_drafting_that_does_not_pay_is_left_and_probed_again(session):
     while batch.active:
         batch.step()
     assert [s.request.output for s in slots] == solo
+    assert batch.budget.history.steps >= 1  # drafted, and measured
     for s in slots:
         m = s.request.metrics
-        assert m.undrafted_tokens > 0 and m.steps  # plain steps, and drafted ones (the first, the probes)
-        assert m.undrafted_tokens > 4 * len(m.steps)
-        assert s.probe.gap > s.probe.MIN_GAP  # the probes lost: their gap grew
+        assert len(m.steps) <= 2 and m.undrafted_tokens >= 100, (len(m.steps), m.undrafted_tokens)
 
 
 def test_a_pinned_clock_makes_the_batch_decide_alike_every_time(tiny_checkpoint, tmp_path):

@@ -58,7 +58,8 @@ def drafts(tiny_model_dir, tmp_path_factory):
 
 def model_runner(target, draft_dir, capacity=512) -> Runner:
     drafter = ModelDrafter(DraftModel.load(draft_dir), capacity, target.spec.vocab_size)
-    return Runner(target, None, capacity=capacity, drafter=drafter, clock=TickClock())
+    # The configured trees (no step budget of its own): these tests check what a draft model's drafts bring.
+    return Runner(target, None, capacity=capacity, drafter=drafter, clock=TickClock(), budget=False)
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +235,9 @@ def test_batched_requests_accept_drafts_and_equal_their_solo_plain_answers(runne
     prompts = [PROMPTS[i % len(PROMPTS)] + torch.randint(3, 250, (i,), generator=g).tolist() for i in range(5)]
     lengths = [30, 9, 24, 1, 40]
     solo = [ar(runner, p, n) for p, n in zip(prompts, lengths)]
-    curve = CostCurve({1: 10.0, 64: 11.0, 512: 20.0}) if cost else None
+    # Sized: a pass that costs far more than drafting (a clock tick) and rows that are nearly free, so the budget
+    # drafts and keeps the trees, on the same footing as the unsized batch.
+    curve = CostCurve({1: 1000.0, 64: 1001.0, 512: 1010.0}) if cost else None
     batch = DecodeLoop(runner, max_batch=3, cost=curve, size_trees=cost)
     cfg = [DecodeConfig(max_new_tokens=n, eos_token_ids=[], tree="dynamic", draft_length=4, beam_width=2,
                         total_tokens=8, lookup_tokens=0, fallback_after=0) for n in lengths]

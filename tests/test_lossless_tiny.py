@@ -30,7 +30,8 @@ TREES = [
 @pytest.fixture(scope="module")
 def runner(tiny_model_dir, tiny_head_dir):
     target = LlamaTarget.load(tiny_model_dir)
-    return Runner(target, Eagle3DraftHead.load(tiny_head_dir, target), capacity=512, clock=TickClock())
+    # The configured trees (no step budget): these tests plant paths and check they are taken.
+    return Runner(target, Eagle3DraftHead.load(tiny_head_dir, target), capacity=512, clock=TickClock(), budget=False)
 
 
 @pytest.fixture(scope="module")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from eagle_trt.speculative.step_budget import (CostCurve, DepthCalibration, DraftHistory, DraftOutlook, Ema,
-                                               OnlineCost, Probe, StepShape, choose_drafters, cut_trees,
+                                               MARGIN, OnlineCost, Probe, StepShape, choose_drafters, cut_trees,
                                                expected_by_depth, node_values, non_decreasing)
 
 FLAT = CostCurve({1: 10.0, 200: 10.0})  # rows cost nothing
@@ -94,30 +96,40 @@ def test_drafting_must_pay_for_its_time_and_rows():
     # adds 0.05 tokens for 0.25 ms, below the rate).
     assert worth.best(shape, cost) == (pytest.approx(2.1), 3)
     not_worth = DraftOutlook(values=[0.2, 0.1], extra=0.05, ms=3.0)  # at best 1.25 tokens / 13.25 ms: loses
-    assert choose_drafters([worth], shape, cost) == [True]
-    assert choose_drafters([not_worth], shape, cost) == [False]
-    assert DraftOutlook(values=[0.2, 0.1], extra=0.05, ms=0.0).best(shape, cost)[1] == 2  # free drafting: keep all
-    assert choose_drafters([None], shape, cost) == [True]  # nothing measured yet: it drafts and measures
+    assert drafts([worth], shape, cost) == [True]
+    assert drafts([not_worth], shape, cost) == [False]
+    assert choose_drafters([worth], shape, cost)[0] == pytest.approx((3.1 / 13.75) / (1 / 10))  # its gain
+    assert choose_drafters([None], shape, cost) == [math.inf]  # nothing measured yet: it drafts and measures
     assert choose_drafters([], shape, cost) == []
     # Two requests: the better one is admitted first; the second only while the step's rate still rises.
     two = StepShape(tokens=2, rows=2)
-    assert choose_drafters([not_worth, worth], two, cost) == [False, True]
-    assert choose_drafters([worth, worth], two, FLAT) == [True, True]
-    assert choose_drafters([worth, worth], two, STEEP) == [False, False]
+    assert drafts([not_worth, worth], two, cost) == [False, True]
+    assert drafts([worth, worth], two, FLAT) == [True, True]
+    assert drafts([worth, worth], two, STEEP) == [False, False]
     # Copies' rows count too: half a token from four copied rows pays where rows are free, not where they are dear.
     copies = DraftOutlook(values=[], extra=0.5, ms=0.5, extra_rows=4)
     assert copies.best(shape, FLAT) == (0.5, 4)
-    assert choose_drafters([copies], shape, FLAT) == [True] and choose_drafters([copies], shape, STEEP) == [False]
+    assert drafts([copies], shape, FLAT) == [True] and drafts([copies], shape, STEEP) == [False]
+    # A gain within the margin is no gain: what drafting costs beyond its measured time is not in the outlook.
+    marginal = DraftOutlook(values=[0.02], extra=0.0, ms=0.0)
+    assert 1 < choose_drafters([marginal], shape, FLAT)[0] < 1 + MARGIN and drafts([marginal], shape, FLAT) == [False]
 
 
-def test_a_plain_request_probes_at_doubling_gaps():
+def drafts(outlooks, shape, cost) -> list[bool]:
+    return [g > 1 + MARGIN for g in choose_drafters(outlooks, shape, cost)]
+
+
+def test_a_plain_request_probes_at_doubling_gaps_when_drafting_is_near_paying():
     p = Probe()
-    verdicts = [p.drafts(False) for _ in range(4 + 8 + 16)]
+    verdicts = [p.drafts(0.95) for _ in range(4 + 8 + 16)]
     assert [i for i, v in enumerate(verdicts) if v] == [3, 11, 27]
-    assert p.drafts(True) and p.gap == Probe.MIN_GAP
+    assert p.drafts(1.5) and p.gap == Probe.MIN_GAP
     p.gap = Probe.MAX_GAP
-    p.drafts(False)
+    p.drafts(0.95)
     assert p.gap == Probe.MAX_GAP
+    far = Probe()
+    assert not any(far.drafts(0.5) for _ in range(200))  # far from paying: no probe
+    assert far.drafts(0.95)  # near again: it probes at once, its gap long past
 
 
 def test_a_history_outlooks_its_averages_shrunk_to_the_servers():

@@ -23,6 +23,7 @@ from eagle_trt.speculative.step_budget import (CostCurve, DepthCalibration, Draf
 
 class LoopBudget:
     REQUEST_PRIOR = 4.0  # steps' worth of weight the server's calibration has in a request's
+    EXPLORE = 16
 
     def __init__(self, cost: CostCurve | None = None):
         self.measured = cost
@@ -30,6 +31,7 @@ class LoopBudget:
         self.history = DraftHistory()  # every request's drafted steps
         self.calibration = DepthCalibration()
         self.planned = False  # whether this step's trees were cut on a cost curve
+        self.plain_admissions = 0  # requests admitted without a drafter since the last one with
 
     def start(self, slot: Slot) -> None:
         """A request's own measures, each shrinking to the server's until it has its own."""
@@ -50,6 +52,23 @@ class LoopBudget:
     def passed(self, rows: int, ms: float) -> None:
         self.online.add(rows, ms)
 
+    def admits_drafting(self, width: int) -> bool:
+        """Whether a greedy request joining a batch of `width` requests (itself included) should keep a drafter: the
+        gain all requests' outlook gives one drafting request beside plain ones on this step's shape. True while
+        nothing is measured."""
+        cost, outlook = self.cost, self.history.outlook()
+        if cost is None or outlook is None:
+            return True
+        if choose_drafters([outlook], StepShape(tokens=width, rows=width), cost)[0] > 1:
+            self.plain_admissions = 0
+            return True
+        # Every EXPLORE-th request still drafts, so the outlook the verdict reads stays measured.
+        self.plain_admissions += 1
+        if self.plain_admissions < self.EXPLORE:
+            return False
+        self.plain_admissions = 0
+        return True
+
     # ---- before drafting -----------------------------------------------------------------------------------
     def drafters(self, slots: list[Slot], fixed_rows: int, decoding: int) -> list[bool]:
         """Whether each of these greedy requests drafts this step (`choose_drafters`, then each request's probe)."""
@@ -57,8 +76,8 @@ class LoopBudget:
         if cost is None:
             return [True] * len(slots)
         shape = StepShape(tokens=decoding, rows=fixed_rows + len(slots))
-        chosen = choose_drafters([s.history.outlook(self.history) for s in slots], shape, cost)
-        return [s.probe.drafts(c) for s, c in zip(slots, chosen)]
+        gains = choose_drafters([s.history.outlook(self.history) for s in slots], shape, cost)
+        return [s.probe.drafts(g) for s, g in zip(slots, gains)]
 
     # ---- after drafting ------------------------------------------------------------------------------------
     def cut(self, trees: list[Work], fixed_rows: int, decoding: int) -> None:

@@ -107,8 +107,15 @@ class DecodeLoop:
         if not self.fits(prompt_ids, config):
             return None
         runner = self.runner
-        drafting = config.mode == "eagle" and runner.drafter is not None
+        asked = config.mode == "eagle" and runner.drafter is not None
+        # A greedy request joining a batch where drafting would not pay decodes plainly throughout: no drafter to
+        # start, no features to keep, nothing to catch up (the budget's verdict at this width, runtime/budget.py).
+        # (Alone, a request's budget decides step by step: it has no batch to slow down while its drafter waits.)
+        drafting = asked and (self.budget is None or not _greedy(config) or not self.active
+                              or self.budget.admits_drafting(len(self.active) + 1))
         request = Request.new(prompt_ids, config, runner.eos_token_ids, drafting, on_tokens)
+        if asked and not drafting:
+            request.metrics.mode = "eagle"  # asked for: its tokens count as undrafted
         if own_cache:
             assert not any(s.request.cache is runner.cache for s in self.active), "the runner's caches are taken"
             request.cache, request.drafter = runner.cache, runner.drafter if drafting else None
@@ -362,7 +369,9 @@ class DecodeLoop:
         out_of_room = slot.drafting and self.room(request) < 1  # why this drafting request went plain
         nxt = self._next_token(w, hidden, greedy)
         request.cache.length += 1
-        if not slot.drafting:
+        if not slot.drafting and request.metrics.mode == "eagle":
+            request.metrics.undrafted_tokens += 1
+        elif not slot.drafting:
             request.metrics.steps.append(StepRecord(0, 0, 0, 0.0, self.clock() - t_verify))
         elif slot.fallback_left > 0:
             slot.fallback_left -= 1
@@ -379,7 +388,8 @@ class DecodeLoop:
 
     def _tree_done(self, w: Work, hidden, aux, greedy: torch.Tensor, t_verify: float) -> None:
         slot, request, runner = w.slot, w.slot.request, self.runner
-        t, carry = self.clock(), request.carry_draft_s
+        # The drafter's start on the prompt is spent whether or not the request drafts: no step's cost.
+        t, carry = self.clock(), (0.0 if len(request.metrics.steps) == 0 else request.carry_draft_s)
         target_next = None
         if request.greedy_acceptance:
             target_next = greedy[w.first_row:w.first_row + w.n]
@@ -437,3 +447,8 @@ class DecodeLoop:
         m = slot.request.metrics
         m.total_s = self.clock() - slot.admitted
         m.generated_tokens = len(slot.request.output)
+
+
+def _greedy(config: DecodeConfig) -> bool:
+    """Whether a request's acceptance is greedy (`Request.greedy_acceptance`, read off its config)."""
+    return config.temperature <= 0 and config.posterior_threshold is None

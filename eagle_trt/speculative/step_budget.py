@@ -200,11 +200,14 @@ class DraftOutlook:
         return best
 
 
-def choose_drafters(outlooks: list[DraftOutlook | None], shape: StepShape, cost) -> list[bool]:
-    """Which requests draft this step. An outlook of None (nothing measured yet) always drafts; each other one is cut
-    to its best tree on the step's shape, and they are added best first (expected tokens over the time they add)
-    while the step's rate rises."""
-    chosen = [o is None for o in outlooks]
+def choose_drafters(outlooks: list[DraftOutlook | None], shape: StepShape, cost) -> list[float]:
+    """Which requests draft this step, as each one's gain: the step's rate with its drafting over the rate without
+    (inf for an outlook of None: nothing measured yet, it drafts and measures). Each outlook is cut to its best tree on
+    the step's shape; requests are added best first (expected tokens over the time they add) while adding one
+    raises the step's rate by more than MARGIN (what drafting costs beyond its measured time: the drafter's
+    features kept and its catch-up between drafted steps). A request drafts when its gain exceeds 1 + MARGIN; a
+    request left out gets its gain on top of those chosen."""
+    gains = [math.inf if o is None else 0.0 for o in outlooks]
     best = {i: o.best(shape, cost) for i, o in enumerate(outlooks) if o is not None}
     base = cost(shape.rows)
 
@@ -214,14 +217,23 @@ def choose_drafters(outlooks: list[DraftOutlook | None], shape: StepShape, cost)
 
     tokens = rows = ms = 0.0
     rate = shape.rate(cost)
-    for i in sorted(best, key=lambda i: -worth(i)):
+    left = sorted(best, key=lambda i: -worth(i))
+    while left:
+        i = left[0]
         t, r = best[i]
-        trial = shape.rate(cost, tokens + t, rows + r, ms + outlooks[i].ms)
-        if trial <= rate:
+        gain = shape.rate(cost, tokens + t, rows + r, ms + outlooks[i].ms) / rate
+        if gain <= 1 + MARGIN:
             break
-        rate, chosen[i] = trial, True
+        gains[i], rate = gain, rate * gain
         tokens, rows, ms = tokens + t, rows + r, ms + outlooks[i].ms
-    return chosen
+        left.pop(0)
+    for i in left:
+        t, r = best[i]
+        gains[i] = shape.rate(cost, tokens + t, rows + r, ms + outlooks[i].ms) / rate
+    return gains
+
+
+MARGIN = 0.03
 
 
 def cut_trees(values: list[list[float]], shape: StepShape, cost) -> list[int]:
@@ -245,20 +257,21 @@ def cut_trees(values: list[list[float]], shape: StepShape, cost) -> list[int]:
 
 @dataclass
 class Probe:
-    """When a request the budget leaves plain drafts anyway: after `gap` plain steps in a row, and each such probe
-    doubles the gap (up to MAX_GAP) until the budget chooses drafting again, which resets it."""
+    """When a request the budget leaves plain drafts anyway: after `gap` plain steps in a row, if its outlook comes
+    within FLOOR of paying (a probe where drafting is far from paying only pays its catch-up); each such probe doubles
+    the gap (up to MAX_GAP) until the budget chooses drafting again, which resets it."""
 
-    MIN_GAP, MAX_GAP = 4, 64
+    MIN_GAP, MAX_GAP, FLOOR = 4, 64, 0.9
     gap: int = MIN_GAP
     since: int = 0
 
-    def drafts(self, chosen: bool) -> bool:
-        """The budget's verdict this step -> whether the request drafts."""
-        if chosen:
+    def drafts(self, gain: float) -> bool:
+        """The budget's verdict this step (the request's gain, `choose_drafters`) -> whether it drafts."""
+        if gain > 1 + MARGIN:
             self.gap, self.since = self.MIN_GAP, 0
             return True
         self.since += 1
-        if self.since < self.gap:
+        if self.since < self.gap or gain < self.FLOOR:
             return False
         self.gap, self.since = min(2 * self.gap, self.MAX_GAP), 0
         return True
