@@ -116,7 +116,7 @@ def test_a_pinned_clock_makes_the_batch_decide_alike_every_time(tiny_checkpoint,
     engine = build_tiny_engine(tiny_checkpoint, tmp_path)
     runs = []
     for cost in (CHEAP, CHEAP, None, None):  # a measured curve, and the one the runner's budget learns
-        s = Session.open(engine, clock=TickClock())
+        s = Session.open(engine, clock=TickClock(), budget=True)  # the budget on, on counted readings
         prompts = _prompts(3, s.runner.target.spec.vocab_size)
         batch = DecodeLoop(s.runner, max_batch=3, cost=cost)
         slots = [batch.admit(p, s.decode_config(max_new_tokens=60)) for p in prompts]

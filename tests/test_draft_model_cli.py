@@ -149,7 +149,14 @@ def test_build_checks_the_draft_context(ckpt, tmp_path):
 
 # ---- run, bench, tune -------------------------------------------------------------------------------
 
-def test_run_equals_ar_and_names_the_drafter(engine):
+@pytest.fixture
+def counted_clock(monkeypatch):
+    """EAGLE_TRT_CLOCK=tick: every decision on counted readings, and no step budget (which would weigh the tiny
+    draft model's cost against the tiny target's on this machine's load): the drafts these tests check are made."""
+    monkeypatch.setenv("EAGLE_TRT_CLOCK", "tick")
+
+
+def test_run_equals_ar_and_names_the_drafter(engine, counted_clock):
     outs = {}
     for mode in ("eagle", "ar"):
         r = cli.invoke(app, ["run", "--engine", str(engine), "--prompt", "hello there", "--max-new-tokens", "40",
@@ -163,7 +170,7 @@ def test_run_equals_ar_and_names_the_drafter(engine):
     assert r.exit_code == 0 and "draft-model decoding, T=0.8" in r.stdout
 
 
-def test_bench_draft_model_methods_and_hf_assistant(engine, tmp_path):
+def test_bench_draft_model_methods_and_hf_assistant(engine, tmp_path, counted_clock):
     from eagle_trt.bench.harness import bench_engine
 
     res = bench_engine(engine, "chat", limit=2, max_new_tokens=16, repeats=1, machine=False, plots=False,

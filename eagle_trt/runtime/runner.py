@@ -30,7 +30,7 @@ from eagle_trt.runtime.metrics import GenerationMetrics
 from eagle_trt.runtime.tree_drafter import TreeDrafter
 from eagle_trt.speculative.copy_gate import RowPrice
 from eagle_trt.speculative.datastore import Datastore
-from eagle_trt.timing import Clock, clock_or_default
+from eagle_trt.timing import Clock, TickClock, clock_or_default
 
 
 @dataclass
@@ -45,12 +45,13 @@ class Runner:
                  kv_dtype: torch.dtype | None = None, k_scales=None, v_scales=None, max_input_len: int | None = None,
                  draft_k_scales=None, draft_v_scales=None, datastore: Datastore | None = None,
                  eos_token_ids: list[int] | None = None, tree_room: int | None = None,
-                 drafter: TreeDrafter | None = None, clock: Clock | None = None, budget: bool = True):
+                 drafter: TreeDrafter | None = None, clock: Clock | None = None, budget: bool | None = None):
         """`head`: an EAGLE-3 head, drafted with by `Drafter`; or `drafter`: any other (runtime/tree_drafter.py).
         `clock`: where every timing the decode policies read comes from (eagle_trt/timing.py); the wall clock by
         default, a `TickClock` where a test needs the same decisions under any load. `budget`: greedy requests draft
         and verify only what pays on this machine (runtime/budget.py, its verify-cost curve learned from the passes);
-        False: every request drafts its configured tree."""
+        False: every request drafts its configured tree. By default on, except on a `TickClock`: its readings count
+        code paths, not costs, and a budget must weigh costs."""
         self.clock = clock_or_default(clock)
         self.target, self.head = target, head
         self.tree_room = tree_room or capacity  # KV slots set aside for a step's tree (root and copies included)
@@ -73,6 +74,8 @@ class Runner:
             drafter = Drafter(head, capacity, kv_dtype, draft_k_scales, draft_v_scales, self.max_positions)
         self.drafter = drafter
         self.row_price = RowPrice()  # what a verify row costs here, learned across requests (adaptive lookup)
+        if budget is None:
+            budget = not isinstance(self.clock, TickClock)
         self.budget = LoopBudget() if budget else None  # learned across requests too
         if drafter is not None:  # a draft model's own RoPE range may be shorter than the target's
             self.max_positions = min(self.max_positions, drafter.max_positions)

@@ -46,12 +46,13 @@ class Session:
     @classmethod
     def open(cls, engine_path: str | Path, verify: bool = True, device: str = "cpu",
              just_written: bool = False, block_compute: str | None = None, clock: Clock | None = None,
-             budget: bool = True) -> "Session":
+             budget: bool | None = None) -> "Session":
         """just_written: `build` opening the engine it wrote a moment ago (see `open_engine`). block_compute: how block
         weights compute (float or int8), instead of the manifest's (for side-by-side benchmarks). clock: the
         runner's (eagle_trt/timing.py; a test's `TickClock` pins every timing-driven decision); by default the one
-        `EAGLE_TRT_CLOCK` names, else the wall clock. budget=False: every request drafts its configured tree, with
-        no step budget (runtime/budget.py) deciding who drafts and cutting trees (what `tune` measures)."""
+        `EAGLE_TRT_CLOCK` names, else the wall clock. budget: the step budget (runtime/budget.py) decides who drafts
+        and cuts the trees; False: every request drafts its configured tree (what `tune` measures); by default on,
+        except on a tick clock (`Runner`)."""
         private_cache.check_settings()  # a bad cache setting fails before anything loads
         clock = clock if clock is not None else decision_clock()
         engine = open_engine(engine_path, verify=verify, just_written=just_written)
