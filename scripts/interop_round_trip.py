@@ -20,7 +20,7 @@ def decode(target, draft_dir, dtype, prompts, max_new_tokens):
     from eagle_trt.models.draft_head import Eagle3DraftHead
     from eagle_trt.runtime.runner import Runner
 
-    runner = Runner(target, Eagle3DraftHead.load(draft_dir, target, dtype), capacity=1024)
+    runner = Runner(target, Eagle3DraftHead.load(draft_dir, target, dtype), capacity=1024, budget=False)
     outs = [runner.generate(p, DecodeConfig(max_new_tokens=max_new_tokens, lookup_tokens=0)) for p in prompts]
     steps = sum(o.metrics.verify_steps for o in outs)
     tau = sum(o.metrics.acceptance_length * o.metrics.verify_steps for o in outs) / steps

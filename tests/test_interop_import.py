@@ -34,7 +34,7 @@ def ckpt(tiny_model_dir, tmp_path_factory):
 
 def _decode(ckpt: Path, prompts):
     target = LlamaTarget.load(ckpt / "target")
-    runner = Runner(target, Eagle3DraftHead.load(ckpt / "draft", target), capacity=256)
+    runner = Runner(target, Eagle3DraftHead.load(ckpt / "draft", target), capacity=256, budget=False)
     outs = [runner.generate(p, DecodeConfig(max_new_tokens=24, lookup_tokens=0)) for p in prompts]
     return [o.token_ids for o in outs], [round(o.metrics.acceptance_length, 6) for o in outs]
 

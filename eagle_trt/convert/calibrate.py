@@ -107,10 +107,11 @@ def fp8_agreement(checkpoint: str | Path, prompts: list[list[int]], new_tokens: 
     scales = load_safetensors(ckpt / KV_SCALES_FILE)
     target, head = models or load_models(ckpt)
     cap = max(len(p) for p in prompts) + new_tokens + 300
-    exact = Runner(target, head, cap)
+    # The configured trees on both (no step budget): the comparison is of the KV cache, not of timing decisions.
+    exact = Runner(target, head, cap, budget=False)
     fp8 = Runner(target, head, cap, kv_dtype=FP8, k_scales=scales["target.k_scales"],
                  v_scales=scales["target.v_scales"], draft_k_scales=scales["draft.k_scales"],
-                 draft_v_scales=scales["draft.v_scales"])
+                 draft_v_scales=scales["draft.v_scales"], budget=False)
     same = total = prefix = 0
     spec_equal = True
     for ids in prompts:

@@ -47,7 +47,8 @@ def measure_acceptance(target_dir: str | Path, draft_dir: str | Path, prompts: l
     for tree in trees:
         taus, tokens, steps, committed = [], 0, 0, 0.0
         t0 = time.perf_counter()
-        runner = Runner(target, head, capacity=2048, eos_token_ids=eos_from_files(target_dir))
+        # The configured tree (no step budget): tau is the head's, not what this machine's costs let it draft.
+        runner = Runner(target, head, capacity=2048, eos_token_ids=eos_from_files(target_dir), budget=False)
         for ids in prompts:
             result = runner.generate(ids, DecodeConfig(max_new_tokens=max_new_tokens, tree=tree, eos_token_ids=None))
             m = result.metrics
