@@ -25,8 +25,9 @@ class LoopBudget:
     REQUEST_PRIOR = 4.0  # steps' worth of weight the server's calibration has in a request's
     EXPLORE = 16
 
-    def __init__(self, cost: CostCurve | None = None):
-        self.measured = cost
+    def __init__(self, cost: CostCurve | None = None, learn: bool = True):
+        """learn=False: a measured curve stays the one read (a test's synthetic curve on a counted clock)."""
+        self.measured, self.learn = cost, learn or cost is None
         self.online = OnlineCost()
         self.history = DraftHistory()  # every request's drafted steps
         self.calibration = DepthCalibration()
@@ -40,10 +41,10 @@ class LoopBudget:
 
     @property
     def cost(self):
-        """The verify-cost curve the budget reads: measured up front, or learned once two row counts were seen."""
-        if self.measured is not None:
-            return self.measured
-        return self.online if self.online.ready else None
+        """The verify-cost curve the budget reads: the one learned from this loop's own passes once it has two row
+        counts (they carry what a curve timed on one request at start-up misses: the batch's make-up, the load
+        since), the one measured up front until then."""
+        return self.online if self.learn and self.online.ready else self.measured
 
     def measuring(self) -> bool:
         """Whether the next decoding pass should be a plain one: a learned curve needs a one-row pass to start."""

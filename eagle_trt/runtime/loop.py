@@ -47,6 +47,7 @@ from eagle_trt.runtime.proposers import DRAFTER, DraftTree, request_proposers
 from eagle_trt.runtime.request import Request
 from eagle_trt.runtime.tree_drafter import min_score_of
 from eagle_trt.speculative.step_budget import CostCurve, Ema
+from eagle_trt.timing import TickClock
 
 
 class DecodeLoop:
@@ -63,7 +64,9 @@ class DecodeLoop:
         # own budget, which learns the curve from the passes (None: every request drafts its configured tree).
         self.budget = None
         if size_trees:
-            self.budget = LoopBudget(cost) if cost is not None else runner.budget
+            # On a counted clock a pass's readings are no cost: a measured curve is then kept as given.
+            self.budget = (LoopBudget(cost, learn=not isinstance(self.clock, TickClock)) if cost is not None
+                           else runner.budget)
         self.active: list[Slot] = []
         # What a committed token costs this loop, everything in its steps counted: what a copied row must buy back
         # (the copy gate's token worth, speculative/copy_gate.py).

@@ -257,11 +257,11 @@ def cut_trees(values: list[list[float]], shape: StepShape, cost) -> list[int]:
 
 @dataclass
 class Probe:
-    """When a request the budget leaves plain drafts anyway: after `gap` plain steps in a row, if its outlook comes
-    within FLOOR of paying (a probe where drafting is far from paying only pays its catch-up); each such probe doubles
-    the gap (up to MAX_GAP) until the budget chooses drafting again, which resets it."""
+    """When a request the budget leaves plain drafts anyway: after `gap` plain steps in a row; each such probe
+    doubles the gap (up to MAX_GAP) until the budget chooses drafting again, which resets it. Never shut off: an
+    outlook is an average of a few steps, and only drafting measures it again."""
 
-    MIN_GAP, MAX_GAP, FLOOR = 4, 64, 0.9
+    MIN_GAP, MAX_GAP = 4, 64
     gap: int = MIN_GAP
     since: int = 0
 
@@ -271,7 +271,7 @@ class Probe:
             self.gap, self.since = self.MIN_GAP, 0
             return True
         self.since += 1
-        if self.since < self.gap or gain < self.FLOOR:
+        if self.since < self.gap:
             return False
         self.gap, self.since = min(2 * self.gap, self.MAX_GAP), 0
         return True
