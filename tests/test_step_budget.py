@@ -110,9 +110,9 @@ def test_drafting_must_pay_for_its_time_and_rows():
     copies = DraftOutlook(values=[], extra=0.5, ms=0.5, extra_rows=4)
     assert copies.best(shape, FLAT) == (0.5, 4)
     assert drafts([copies], shape, FLAT) == [True] and drafts([copies], shape, STEEP) == [False]
-    # A gain within the margin is no gain: what drafting costs beyond its measured time is not in the outlook.
-    marginal = DraftOutlook(values=[0.02], extra=0.0, ms=0.0)
-    assert 1 < choose_drafters([marginal], shape, FLAT)[0] < 1 + MARGIN and drafts([marginal], shape, FLAT) == [False]
+    # A gain must exceed 1 + MARGIN: a tree worth nothing adds its drafting time and no token.
+    worthless = DraftOutlook(values=[0.0], extra=0.0, ms=0.5)
+    assert choose_drafters([worthless], shape, FLAT)[0] < 1 + MARGIN and drafts([worthless], shape, FLAT) == [False]
 
 
 def drafts(outlooks, shape, cost) -> list[bool]:

@@ -204,9 +204,8 @@ def choose_drafters(outlooks: list[DraftOutlook | None], shape: StepShape, cost)
     """Which requests draft this step, as each one's gain: the step's rate with its drafting over the rate without
     (inf for an outlook of None: nothing measured yet, it drafts and measures). Each outlook is cut to its best tree on
     the step's shape; requests are added best first (expected tokens over the time they add) while adding one
-    raises the step's rate by more than MARGIN (what drafting costs beyond its measured time: the drafter's
-    features kept and its catch-up between drafted steps). A request drafts when its gain exceeds 1 + MARGIN; a
-    request left out gets its gain on top of those chosen."""
+    raises the step's rate by more than MARGIN. A request drafts when its gain exceeds 1 + MARGIN; a request left
+    out gets its gain on top of those chosen."""
     gains = [math.inf if o is None else 0.0 for o in outlooks]
     best = {i: o.best(shape, cost) for i, o in enumerate(outlooks) if o is not None}
     base = cost(shape.rows)
@@ -233,7 +232,10 @@ def choose_drafters(outlooks: list[DraftOutlook | None], shape: StepShape, cost)
     return gains
 
 
-MARGIN = 0.03
+# What a gain must exceed 1 by. 0: a margin for costs outside the outlook lost more on `run` of a tuned engine (its
+# small trees gain a few percent a step) than it saved a batch, where admission already leaves plain requests
+# without a drafter (docs/bench.md).
+MARGIN = 0.0
 
 
 def cut_trees(values: list[list[float]], shape: StepShape, cost) -> list[int]:
