@@ -114,7 +114,7 @@ class DecodeLoop:
         # A greedy request joining a batch where drafting would not pay decodes plainly throughout: no drafter to
         # start, no features to keep, nothing to catch up (the budget's verdict at this width, runtime/budget.py).
         # (Alone, a request's budget decides step by step: it has no batch to slow down while its drafter waits.)
-        drafting = asked and (self.budget is None or not _greedy(config) or not self.active
+        drafting = asked and (self.budget is None or not Request.greedy_acceptance_of(config) or not self.active
                               or self.budget.admits_drafting(len(self.active) + 1))
         request = Request.new(prompt_ids, config, runner.eos_token_ids, drafting, on_tokens)
         if asked and not drafting:
@@ -451,7 +451,3 @@ class DecodeLoop:
         m.total_s = self.clock() - slot.admitted
         m.generated_tokens = len(slot.request.output)
 
-
-def _greedy(config: DecodeConfig) -> bool:
-    """Whether a request's acceptance is greedy (`Request.greedy_acceptance`, read off its config)."""
-    return config.temperature <= 0 and config.posterior_threshold is None

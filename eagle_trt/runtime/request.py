@@ -78,7 +78,12 @@ class Request:
     @property
     def greedy_acceptance(self) -> bool:
         """Verification keeps exactly the target's argmax path (no sampling, no typical acceptance)."""
-        return self.sampling.greedy and self.config.posterior_threshold is None
+        return self.greedy_acceptance_of(self.config)
+
+    @staticmethod
+    def greedy_acceptance_of(config: DecodeConfig) -> bool:
+        """`greedy_acceptance` of a request with this config, before it is made (the loop's admission)."""
+        return config.temperature <= 0.0 and config.posterior_threshold is None
 
     @property
     def left(self) -> int:
